@@ -1,0 +1,3 @@
+from engine.horing.topology import Topology
+
+__all__ = ["Topology"]

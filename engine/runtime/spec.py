@@ -1,0 +1,296 @@
+"""The job spec: one typed object, parsed from JSON with an error for every bad field.
+
+The platform and the engine validate with the same code (`parse_spec`), so a spec the API
+accepts is a spec the engine runs. Errors are collected, not raised one at a time: a
+`SpecError` carries `{dotted.field.path: message}` for every problem found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from engine.moe.config import PRESETS, MoEConfig
+
+STRATEGIES = ("NNN", "NNG", "NGG", "GGG", "NII", "NIG", "IIG", "IGG", "ING", "III")
+COLLECTIVES = ("native", "ring", "hier", "horing")
+FAULT_KINDS = ("loss_spike", "nan", "slow_rank", "hang", "crash")
+
+
+class SpecError(ValueError):
+    """A spec failed validation; `errors` maps each bad field's dotted path to a message."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = dict(sorted(errors.items()))
+        super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
+
+
+@dataclass
+class ParallelSpec:
+    nodes: int = 1
+    procs_per_node: int = 1
+    strategy: str = "NNN"
+    collective: Literal["native", "ring", "hier", "horing"] = "native"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+@dataclass
+class DatasetSpec:
+    kind: Literal["stdlib", "text", "jsonl"] = "stdlib"
+    paths: list[str] = field(default_factory=list)  # globs, for text and jsonl
+    field: str = "text"  # the JSONL field that holds the text
+    tokenizer: str = "bytes"  # "bytes" or a path to a Hugging Face tokenizer.json
+    holdout: float = 0.01  # fraction held out for eval_loss
+
+
+@dataclass
+class TrainSpec:
+    steps: int = 100
+    micro_batch: int = 8
+    grad_accum: int = 1
+    seq_len: int = 256
+    lr: float = 2e-3
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 50
+    eval_batches: int = 4
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = 0  # torch intra-op threads per rank; 0 = cores / ranks
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+
+
+@dataclass
+class CheckpointSpec:
+    every: int = 50  # optimizer steps between disk checkpoints; 0 = only at the end
+    keep: int = 3
+    memory_every: int = 0
+    dir: str = ""  # default: runs/<name>/checkpoints
+
+
+@dataclass
+class FaultPolicy:
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    actions: dict[str, list[str]] = field(default_factory=dict)
+    hang_timeout_s: float = 300.0
+    max_restarts: int = 3
+
+
+@dataclass
+class FaultInjection:
+    kind: Literal["loss_spike", "nan", "slow_rank", "hang", "crash"]
+    step: int
+    rank: int = 0
+    factor: float = 10.0  # loss multiplier for loss_spike, slow-down for slow_rank
+
+
+@dataclass
+class FaultsSpec:
+    policy: FaultPolicy = field(default_factory=FaultPolicy)
+    inject: list[FaultInjection] = field(default_factory=list)
+
+
+@dataclass
+class JobSpec:
+    name: str
+    model: MoEConfig = field(default_factory=MoEConfig)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    faults: FaultsSpec = field(default_factory=FaultsSpec)
+    # the preset the model fields started from, kept so the UI can show it
+    preset: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; `parse_spec(spec.to_dict())` gives back an equal spec."""
+        data = dataclasses.asdict(self)
+        data["model"] = {"preset": self.preset, **data["model"]} if self.preset else data["model"]
+        del data["preset"]
+        return data
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validate a JSON-decoded spec; raise SpecError naming every bad field."""
+    errors: dict[str, str] = {}
+    if not isinstance(data, dict):
+        raise SpecError({"": "the spec must be a JSON object"})
+    data = dict(data)
+    model_data = data.pop("model", {})
+    preset_name = ""
+    model = None
+    if not isinstance(model_data, dict):
+        errors["model"] = "must be an object"
+    else:
+        model_data = dict(model_data)
+        preset_name = model_data.pop("preset", "")
+        base: MoEConfig | None = MoEConfig()
+        if preset_name:
+            if preset_name not in PRESETS:
+                errors["model.preset"] = f"unknown preset; valid: {', '.join(PRESETS)}"
+                base = None
+            else:
+                base = PRESETS[preset_name]
+        if base is not None:
+            model = _build(MoEConfig, model_data, "model", errors, base=base)
+            if model is not None:
+                errors.update({f"model.{k}": v for k, v in model.validate().items()})
+
+    spec = _build(JobSpec, {**data, "model": {}}, "", errors)
+    if spec is not None:
+        if model is not None:
+            spec.model = model
+        spec.preset = preset_name
+        errors.update(_check_semantics(spec))
+    if errors:
+        raise SpecError(errors)
+    assert spec is not None
+    return spec
+
+
+def _check_semantics(spec: JobSpec) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    if not _NAME.match(spec.name):
+        errors["name"] = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+    p, t, c = spec.parallel, spec.train, spec.checkpoint
+    for path, value in [
+        ("parallel.nodes", p.nodes), ("parallel.procs_per_node", p.procs_per_node),
+        ("train.steps", t.steps), ("train.micro_batch", t.micro_batch),
+        ("train.grad_accum", t.grad_accum), ("train.seq_len", t.seq_len),
+        ("train.eval_batches", t.eval_batches), ("checkpoint.keep", c.keep),
+    ]:
+        if value < 1:
+            errors[path] = "must be at least 1"
+    for path, value in [
+        ("train.warmup", t.warmup), ("train.eval_every", t.eval_every),
+        ("train.threads", t.threads), ("train.seed", t.seed),
+        ("checkpoint.every", c.every), ("checkpoint.memory_every", c.memory_every),
+        ("faults.policy.max_restarts", spec.faults.policy.max_restarts),
+    ]:
+        if value < 0:
+            errors[path] = "must be at least 0"
+    if p.strategy not in (*STRATEGIES, "auto"):
+        errors["parallel.strategy"] = f"unknown strategy; valid: {', '.join(STRATEGIES)}, auto"
+    if t.lr <= 0:
+        errors["train.lr"] = "must be positive"
+    if not 0 <= t.min_lr_ratio <= 1:
+        errors["train.min_lr_ratio"] = "must be between 0 and 1"
+    if t.grad_clip < 0:
+        errors["train.grad_clip"] = "must be at least 0 (0 disables clipping)"
+    if t.seq_len > spec.model.max_position_embeddings:
+        errors["train.seq_len"] = (
+            f"must be at most model.max_position_embeddings ({spec.model.max_position_embeddings})"
+        )
+    d = t.dataset
+    if d.kind != "stdlib" and not d.paths:
+        errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"
+    if not 0 < d.holdout < 0.5:
+        errors["train.dataset.holdout"] = "must be between 0 and 0.5"
+    if spec.faults.policy.hang_timeout_s <= 0:
+        errors["faults.policy.hang_timeout_s"] = "must be positive"
+    for i, inj in enumerate(spec.faults.inject):
+        if not 1 <= inj.step <= t.steps:
+            errors[f"faults.inject.{i}.step"] = f"must be between 1 and train.steps ({t.steps})"
+        if not 0 <= inj.rank < p.world_size:
+            errors[f"faults.inject.{i}.rank"] = f"must be a rank below {p.world_size}"
+    return errors
+
+
+def _build(cls: type, data: Any, path: str, errors: dict[str, str], base: Any = None) -> Any:
+    """Build dataclass `cls` from `data`, recording an error per bad field under `path`."""
+    if not isinstance(data, dict):
+        errors[path or cls.__name__] = "must be an object"
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = {}
+    ok = True
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else key
+        if key not in fields:
+            errors[sub] = "unknown field"
+            ok = False
+            continue
+        converted = _convert(hints[key], value, sub, errors)
+        if converted is _INVALID:
+            ok = False
+        else:
+            kwargs[key] = converted
+    for name, f in fields.items():
+        if name in kwargs or base is not None:
+            continue
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            errors[f"{path}.{name}" if path else name] = "this field is required"
+            ok = False
+    if not ok:
+        return None
+    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+
+
+class _Invalid:
+    pass
+
+
+_INVALID = _Invalid()
+
+
+def _convert(hint: Any, value: Any, path: str, errors: dict[str, str]) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        built = _build(hint, value, path, errors)
+        return _INVALID if built is None else built
+    if origin is Literal:
+        if value not in args:
+            errors[path] = f"must be one of: {', '.join(map(str, args))}"
+            return _INVALID
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path, errors)
+    if origin is list:
+        if not isinstance(value, list):
+            errors[path] = "must be a list"
+            return _INVALID
+        items = [_convert(args[0], v, f"{path}.{i}", errors) for i, v in enumerate(value)]
+        return _INVALID if any(i is _INVALID for i in items) else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors[path] = "must be an object"
+            return _INVALID
+        items = {k: _convert(args[1], v, f"{path}.{k}", errors) for k, v in value.items()}
+        return _INVALID if any(v is _INVALID for v in items.values()) else items
+    if hint is bool:
+        if not isinstance(value, bool):
+            errors[path] = "must be true or false"
+            return _INVALID
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors[path] = "must be an integer"
+            return _INVALID
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors[path] = "must be a number"
+            return _INVALID
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            errors[path] = "must be a string"
+            return _INVALID
+        return value
+    raise TypeError(f"spec field {path} has an unsupported type {hint!r}")
