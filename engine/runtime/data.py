@@ -1,0 +1,192 @@
+"""Training data: a token stream, a held-out split, and a deterministic resumable loader.
+
+The default corpus is real text that every machine has without a download: the Python
+standard library's own source files, read in sorted order, as bytes. User corpora are text
+files (globs) or JSONL files (one field per line), tokenised as bytes or with a Hugging Face
+`tokenizers` tokenizer loaded from a local tokenizer.json.
+
+The loader cuts the training stream into non-overlapping windows of `seq_len + 1` tokens and
+visits them in a seeded permutation per epoch. Its whole position is one integer, the number
+of windows consumed globally, so resuming (or skipping a data window on rollback) is exact,
+and every data-parallel rank takes its own slice of each global micro-batch, so the global
+batch does not depend on how many ranks share it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.runtime.spec import DatasetSpec
+
+
+class DataError(ValueError):
+    """A dataset could not be loaded; the message names the spec field at fault."""
+
+
+def stdlib_source_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "idlelib", "__pycache__"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+
+
+def _expand(patterns: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for i, pattern in enumerate(patterns):
+        matched = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not matched:
+            raise DataError(f"train.dataset.paths.{i}: no file matches {pattern!r}")
+        files.extend(matched)
+    return files
+
+
+def _read_texts(spec: DatasetSpec) -> list[str]:
+    if spec.kind == "stdlib":
+        return [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_source_files()]
+    files = _expand(spec.paths)
+    if spec.kind == "text":
+        return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+    texts = []
+    for path in files:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise DataError(
+                        f"train.dataset.paths: {path}:{lineno} is not JSON ({e})"
+                    ) from e
+                if not isinstance(record, dict) or not isinstance(record.get(spec.field), str):
+                    raise DataError(
+                        f"train.dataset.field: {path}:{lineno} has no string field {spec.field!r}"
+                    )
+                texts.append(record[spec.field])
+    return texts
+
+
+class ByteTokenizer:
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer from a local tokenizer.json."""
+
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer
+
+        if not Path(path).is_file():
+            raise DataError(f"train.dataset.tokenizer: no tokenizer file at {path!r}")
+        self._tok = Tokenizer.from_file(path)
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+
+def load_tokenizer(spec: DatasetSpec) -> ByteTokenizer | HFTokenizer:
+    return ByteTokenizer() if spec.tokenizer == "bytes" else HFTokenizer(spec.tokenizer)
+
+
+@dataclass
+class TokenSplits:
+    train: torch.Tensor  # 1-D int64
+    heldout: torch.Tensor
+    vocab_size: int
+
+
+def load_tokens(spec: DatasetSpec) -> TokenSplits:
+    """Tokenise the whole corpus; the last `holdout` fraction of each document is held out,
+    so both splits see every kind of text."""
+    tokenizer = load_tokenizer(spec)
+    texts = [t for t in _read_texts(spec) if t]
+    if not texts:
+        raise DataError("train.dataset.paths: the dataset holds no text")
+    if isinstance(tokenizer, ByteTokenizer):
+        docs = [torch.frombuffer(bytearray(t.encode("utf-8")), dtype=torch.uint8) for t in texts]
+    else:
+        docs = [torch.tensor(tokenizer.encode(t), dtype=torch.int32) for t in texts]
+    train_parts, held_parts = [], []
+    for doc in docs:
+        cut = len(doc) - int(len(doc) * spec.holdout)
+        train_parts.append(doc[:cut])
+        held_parts.append(doc[cut:])
+    return TokenSplits(
+        train=torch.cat(train_parts).long(),
+        heldout=torch.cat(held_parts).long(),
+        vocab_size=tokenizer.vocab_size,
+    )
+
+
+class TokenLoader:
+    """Deterministic batches of (input_ids, labels) for one data-parallel rank.
+
+    `position` counts windows consumed by all ranks together; `state_dict()` is just that.
+    """
+
+    def __init__(
+        self, tokens: torch.Tensor, seq_len: int, micro_batch: int, rank: int, world_size: int,
+        seed: int, shuffle: bool = True,
+    ):
+        self.windows = (len(tokens) - 1) // seq_len
+        if self.windows < micro_batch * world_size:
+            raise DataError(
+                f"train.seq_len: the dataset has {len(tokens)} tokens, too few for "
+                f"{micro_batch * world_size} windows of {seq_len}"
+            )
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.micro_batch = micro_batch
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.position = 0
+        self._epoch = -1
+        self._order = torch.arange(self.windows)
+
+    def _window_index(self, global_index: int) -> int:
+        epoch, offset = divmod(global_index, self.windows)
+        if self.shuffle and epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = torch.randperm(self.windows, generator=g)
+            self._epoch = epoch
+        return int(self._order[offset])
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the next global micro-batch."""
+        first = self.position + self.rank * self.micro_batch
+        rows = []
+        for i in range(first, first + self.micro_batch):
+            start = self._window_index(i) * self.seq_len
+            rows.append(self.tokens[start : start + self.seq_len + 1])
+        self.position += self.micro_batch * self.world_size
+        batch = torch.stack(rows)
+        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+    def skip(self, micro_batches: int) -> None:
+        """Skip global micro-batches (a rollback that skips the data window)."""
+        self.position += micro_batches * self.micro_batch * self.world_size
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
+        self.seed = int(state["seed"])
+        self._epoch = -1

@@ -1,0 +1,81 @@
+"""The job spec: presets plus overrides, and an error naming every bad field."""
+
+import pytest
+
+from engine.runtime.spec import SpecError, parse_spec
+
+
+def errors_of(data) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return info.value.errors
+
+
+def test_a_minimal_spec_takes_the_defaults():
+    spec = parse_spec({"name": "demo"})
+    assert spec.parallel.world_size == 1
+    assert spec.parallel.strategy == "NNN"
+    assert spec.train.dataset.kind == "stdlib"
+
+
+def test_model_fields_override_the_preset():
+    spec = parse_spec({"name": "demo", "model": {"preset": "nano", "num_experts": 4}})
+    assert spec.preset == "nano"
+    assert spec.model.num_experts == 4
+    assert spec.model.hidden_size == 64  # from the nano preset
+
+
+def test_round_trip_through_json_form():
+    spec = parse_spec({
+        "name": "demo", "model": {"preset": "tiny"}, "parallel": {"nodes": 2, "procs_per_node": 2},
+        "faults": {"inject": [{"kind": "nan", "step": 3, "rank": 1}]},
+    })
+    assert parse_spec(spec.to_dict()) == spec
+
+
+def test_every_bad_field_is_named():
+    errors = errors_of({
+        "name": "demo",
+        "bogus": 1,
+        "model": {"preset": "tiny", "hidden_sise": 3},
+        "train": {"steps": "ten", "dataset": {"kind": "parquet"}},
+        "parallel": {"collective": "mpi"},
+    })
+    assert errors == {
+        "bogus": "unknown field",
+        "model.hidden_sise": "unknown field",
+        "train.steps": "must be an integer",
+        "train.dataset.kind": "must be one of: stdlib, text, jsonl",
+        "parallel.collective": "must be one of: native, ring, hier, horing",
+    }
+
+
+def test_semantic_errors_name_their_fields():
+    errors = errors_of({
+        "name": "bad name!",
+        "model": {"preset": "nano", "num_experts": 7},
+        "parallel": {"strategy": "XYZ", "nodes": 0},
+        "train": {"lr": -1.0, "dataset": {"kind": "text"}},
+        "faults": {"inject": [{"kind": "crash", "step": 999, "rank": 5}]},
+    })
+    assert set(errors) == {
+        "name", "model.n_group", "parallel.strategy", "parallel.nodes", "train.lr",
+        "train.dataset.paths", "faults.inject.0.step", "faults.inject.0.rank",
+    }
+    assert "NNN" in errors["parallel.strategy"]
+
+
+def test_missing_name_and_unknown_preset():
+    errors = errors_of({"model": {"preset": "huge"}})
+    assert errors["name"] == "this field is required"
+    assert errors["model.preset"].startswith("unknown preset")
+
+
+def test_types_are_strict():
+    errors = errors_of({"name": "x", "train": {"micro_batch": 2.5, "lr": "fast"},
+                        "model": {"use_qk_norm": 1}})
+    assert errors == {
+        "train.micro_batch": "must be an integer",
+        "train.lr": "must be a number",
+        "model.use_qk_norm": "must be true or false",
+    }
