@@ -1,0 +1,269 @@
+"""Loading with resharding: each rank reads exactly the byte ranges it needs.
+
+A checkpoint saved under any world size and layout loads into any other: for every wanted
+range of a tensor the reader finds the saved shards that overlap it and reads those bytes
+(whole 4 MiB blocks, whose checksums it checks) from the saved ranks' files, never a whole
+file unless the range spans it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.checkpoint.layout import (
+    BLOCK_BYTES,
+    MANIFEST,
+    CheckpointError,
+    CheckpointInfo,
+    CorruptCheckpoint,
+    find_latest_good,
+    inspect,
+    list_checkpoints,
+)
+from engine.checkpoint.writer import ShardedState
+
+# name -> [(global element offset, length)]
+Wants = dict[str, list[tuple[int, int]]]
+
+
+def resolve(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointInfo:
+    """A good checkpoint from a step folder, or the newest good one in a checkpoint directory."""
+    if isinstance(checkpoint, CheckpointInfo):
+        info = checkpoint
+    elif Path(checkpoint, MANIFEST).exists() or Path(checkpoint).name.startswith("step-"):
+        info = inspect(checkpoint)
+    else:
+        info, _ = find_latest_good(checkpoint)
+        if info is None:
+            raise CheckpointError(f"no good checkpoint in {checkpoint}")
+    if not info.good:
+        raise CorruptCheckpoint(f"checkpoint {info.path} is not usable: {info.problem}")
+    return info
+
+
+def load_into(checkpoint: str | os.PathLike[str] | CheckpointInfo, targets: ShardedState) -> None:
+    """Fill each target shard in place with its global range of the saved tensor.
+
+    `targets` has the shape `save()` takes (name -> (shard, global offset, global length)),
+    e.g. the new layout's `sharded_state()`, so its buffers receive the restored values.
+    """
+    with _Reader(resolve(checkpoint)) as reader:
+        for name, value in targets.items():
+            if not (isinstance(value, tuple) and len(value) == 3):
+                raise TypeError(f"targets[{name!r}] must be (shard, global_offset, global_length)")
+            shard, offset, length = value
+            reader.check(name, shard.dtype, length)
+            reader.read_into(name, offset, shard)
+
+
+def load(checkpoint: str | os.PathLike[str] | CheckpointInfo, wants: Wants) -> dict[str, list]:
+    """New flat tensors holding the wanted `(global offset, length)` ranges of each tensor."""
+    out: dict[str, list[torch.Tensor]] = {}
+    with _Reader(resolve(checkpoint)) as reader:
+        for name, ranges in wants.items():
+            entry = reader.check(name, None, None)
+            dtype = getattr(torch, entry["dtype"])
+            out[name] = []
+            for offset, length in ranges:
+                tensor = torch.empty(length, dtype=dtype)
+                reader.read_into(name, offset, tensor)
+                out[name].append(tensor)
+    return out
+
+
+def read_extras(checkpoint: str | os.PathLike[str] | CheckpointInfo, rank: int) -> Any:
+    """The extras object that saved `rank` passed to `save()` (checksum-checked)."""
+    info = resolve(checkpoint)
+    parts = {p["rank"]: p for p in info.manifest["parts"]}
+    if rank not in parts:
+        raise CheckpointError(
+            f"rank {rank} is not in {info.path}: it was saved by {info.world_size} ranks"
+        )
+    extras = parts[rank]["extras"]
+    buffer = bytearray(extras["nbytes"])
+    with _Reader(info) as reader:
+        reader.read_bytes(rank, extras["byte_offset"], memoryview(buffer))
+    return pickle.loads(buffer)
+
+
+@dataclass
+class Restored:
+    """What `restore()` loaded (None: nothing usable), and the checkpoints it passed over."""
+
+    checkpoint: CheckpointInfo | None
+    skipped: list[CheckpointInfo] = field(default_factory=list)
+
+    @property
+    def step(self) -> int | None:
+        return self.checkpoint.step if self.checkpoint is not None else None
+
+    def extras(self, rank: int = 0) -> Any:
+        if self.checkpoint is None:
+            raise CheckpointError("nothing was restored, so there are no extras")
+        return read_extras(self.checkpoint, rank)
+
+
+def restore(
+    directories: list[str | os.PathLike[str]], targets: ShardedState, *, group: Any = None
+) -> Restored:
+    """Load the newest checkpoint that every rank can read into `targets`.
+
+    Candidates are all checkpoints in `directories`, newest first (at equal steps the earlier
+    directory first, so pass the memory tier first). Collective when torch.distributed is
+    initialised: all ranks try the same candidate and move on together if any rank found it
+    corrupt. Every checkpoint passed over is in `.skipped` with its `.problem`, for the loop
+    to publish as an anomaly; `.checkpoint` is None when no checkpoint could be loaded.
+    """
+    listed = [
+        (info.step, -order, info)
+        for order, d in enumerate(directories)
+        for info in list_checkpoints(d)
+    ]
+    candidates = [info for _, _, info in sorted(listed, key=lambda c: c[:2], reverse=True)]
+    _agree([len(candidates)] + [c.step for c in candidates[:1]], group)
+    skipped = []
+    for info in candidates:
+        if info.good:
+            try:
+                load_into(info, targets)
+            except CorruptCheckpoint as e:
+                info.good, info.problem = False, str(e)
+            failed_somewhere = _any_rank(not info.good, group)
+            if failed_somewhere and info.good:
+                info.good, info.problem = False, "another rank found it corrupt"
+        if info.good:
+            return Restored(info, skipped)
+        skipped.append(info)
+    return Restored(None, skipped)
+
+
+def _agree(facts: list[int], group: Any) -> None:
+    """Raise unless every rank sees the same checkpoint listing (count, newest step)."""
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return
+    mine = torch.tensor(facts + [-1] * (2 - len(facts)), dtype=torch.int64)
+    high, low = mine.clone(), -mine
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(low, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(high, -low):
+        raise CheckpointError(
+            "ranks see different checkpoint listings; every rank must see the same directories"
+        )
+
+
+def _any_rank(flag: bool, group: Any) -> bool:
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
+class _Reader:
+    """Reads checksum-checked byte ranges of one checkpoint's per-rank files."""
+
+    def __init__(self, info: CheckpointInfo) -> None:
+        self.info = info
+        self.tensors: dict[str, dict[str, Any]] = info.manifest["tensors"]
+        self.parts = {p["rank"]: p for p in info.manifest["parts"]}
+        # name -> [(global offset, numel, rank, byte offset)] sorted by global offset
+        self.pieces: dict[str, list[tuple[int, int, int, int]]] = {}
+        for rank, part in self.parts.items():
+            for s in part["shards"]:
+                piece = (s["offset"], s["numel"], rank, s["byte_offset"])
+                self.pieces.setdefault(s["name"], []).append(piece)
+        for pieces in self.pieces.values():
+            pieces.sort()
+        self.files: dict[int, int] = {}
+        self.block = bytearray(BLOCK_BYTES)
+        self.cached: tuple[int, int] | None = None  # (rank, block index) held in self.block
+        self.cached_len = 0
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+
+    def check(self, name: str, dtype: torch.dtype | None, length: int | None) -> dict[str, Any]:
+        entry = self.tensors.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.tensors)[:8])
+            raise CheckpointError(f"tensor {name!r} is not in {self.info.path} (it has {known}...)")
+        saved = getattr(torch, entry["dtype"])
+        if dtype is not None and dtype != saved:
+            raise CheckpointError(f"tensor {name!r}: target is {dtype}, the checkpoint has {saved}")
+        if length is not None and length != entry["length"]:
+            raise CheckpointError(
+                f"tensor {name!r}: target global length {length}, the checkpoint has "
+                f"{entry['length']}"
+            )
+        return entry
+
+    def read_into(self, name: str, offset: int, shard: torch.Tensor) -> None:
+        """Fill `shard` with elements [offset, offset + shard.numel()) of tensor `name`."""
+        end = offset + shard.numel()
+        if offset < 0 or end > self.tensors[name]["length"]:
+            raise CheckpointError(
+                f"tensor {name!r}: range [{offset}, {end}) is outside its global length "
+                f"{self.tensors[name]['length']}"
+            )
+        host = shard if shard.device.type == "cpu" and shard.is_contiguous() else None
+        host = host if host is not None else torch.empty(shard.numel(), dtype=shard.dtype)
+        out = memoryview(host.reshape(-1).view(torch.uint8).numpy())
+        item = shard.element_size()
+        cursor = offset
+        while cursor < end:
+            piece = next((p for p in self.pieces[name] if p[0] <= cursor < p[0] + p[1]), None)
+            if piece is None:
+                raise CheckpointError(f"tensor {name!r}: element {cursor} was saved by no rank")
+            start, numel, rank, byte_offset = piece
+            stop = min(end, start + numel)
+            dest = out[(cursor - offset) * item : (stop - offset) * item]
+            self.read_bytes(rank, byte_offset + (cursor - start) * item, dest)
+            cursor = stop
+        if host is not shard:
+            shard.copy_(host.view_as(shard))
+
+    def read_bytes(self, rank: int, byte_offset: int, dest: memoryview) -> None:
+        """Copy the saved rank's bytes [byte_offset, +len(dest)) into dest, block by block."""
+        done = 0
+        while done < len(dest):
+            position = byte_offset + done
+            index, within = divmod(position, BLOCK_BYTES)
+            self._load_block(rank, index)
+            n = min(len(dest) - done, self.cached_len - within)
+            if n <= 0:
+                raise CorruptCheckpoint(f"{self._name(rank)}: ends before byte {position}")
+            dest[done : done + n] = memoryview(self.block)[within : within + n]
+            done += n
+
+    def _load_block(self, rank: int, index: int) -> None:
+        if self.cached == (rank, index):
+            return
+        part = self.parts[rank]
+        if rank not in self.files:
+            try:
+                self.files[rank] = os.open(self.info.path / part["file"], os.O_RDONLY)
+            except FileNotFoundError as e:
+                raise CorruptCheckpoint(f"{self._name(rank)} is missing") from e
+        expected = min(BLOCK_BYTES, part["nbytes"] - index * BLOCK_BYTES)
+        got = os.preadv(self.files[rank], [self.block], index * BLOCK_BYTES)
+        self.cached = None
+        if got < expected:
+            raise CorruptCheckpoint(f"{self._name(rank)} is truncated at block {index}")
+        if zlib.crc32(memoryview(self.block)[:expected]) != part["crc32"][index]:
+            raise CorruptCheckpoint(f"{self._name(rank)} block {index} fails its checksum")
+        self.cached, self.cached_len = (rank, index), expected
+
+    def _name(self, rank: int) -> str:
+        return str(self.info.path / self.parts[rank]["file"])

@@ -1,0 +1,412 @@
+"""Flash checkpoints: a save blocks only for a copy into host memory; a thread persists it.
+
+Every rank calls `save()` at the same step with what it owns. The blocking part copies the
+shards (and the pickled extras) into a reusable host staging buffer (pinned when the shards
+live on a GPU) and queues it; a background thread writes the buffer to the memory tier (a
+folder in /dev/shm, which survives the process, so a restarted rank on the same host resumes
+from it) and, for disk saves, to the checkpoint directory, then commits. Two staging buffers
+let one save persist while the next one copies; a third save waits for the first to finish.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import pickle
+import queue
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.checkpoint.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    PINNED,
+    CheckpointError,
+    apply_retention,
+    block_crcs,
+    data_file_name,
+    fsync_dir,
+    part_file_name,
+    remove_newer,
+    step_dir_name,
+    write_atomic,
+)
+
+# name -> (local flat shard, global element offset, global length), as
+# ShardedDataParallel.sharded_state() returns; a replicated tensor is (t, 0, t.numel()).
+ShardedState = dict[str, tuple[torch.Tensor, int, int]]
+
+_ALIGN = 64
+_STAGING_BUFFERS = 2
+
+
+def default_memory_dir(directory: str | os.PathLike[str]) -> Path:
+    """The memory-tier folder for a checkpoint directory: the same on every restart."""
+    key = hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return root / f"ringside-ckpt-{key}"
+
+
+@dataclass
+class _Job:
+    step: int
+    save_id: str
+    staging: torch.Tensor
+    nbytes: int
+    shards: list[dict[str, Any]]
+    extras: dict[str, int] | None
+    to_disk: bool
+    meta: dict[str, Any]
+    time: float
+
+
+class Checkpointer:
+    """Saves this rank's shards of a sharded state; one per rank, created on every rank.
+
+    directory: the disk tier (`checkpoint.dir`). memory_dir: the memory tier, "auto" for
+    `default_memory_dir(directory)`, None to have none. keep / memory_keep: how many newest
+    good checkpoints each tier keeps besides pinned ones. every / memory_every: the schedule
+`due()` reads (steps between disk / memory-only saves; 0 = never). meta: JSON facts stored in every
+    manifest (strategy, nodes, procs_per_node...). run_id: a string equal on all ranks of
+    this incarnation of the job; by default rank 0 draws one and broadcasts it over `group`
+    (a collective), or draws it alone when the world is 1.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        keep: int = 3,
+        memory_dir: str | os.PathLike[str] | None = "auto",
+        memory_keep: int = 2,
+        every: int = 0,
+        memory_every: int = 0,
+        meta: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        group: Any = None,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if keep < 0 or memory_keep < 0:
+            raise ValueError(f"keep and memory_keep must be >= 0, got {keep} and {memory_keep}")
+        self.directory = Path(directory)
+        self.memory_dir = default_memory_dir(directory) if memory_dir == "auto" else memory_dir
+        self.memory_dir = Path(self.memory_dir) if self.memory_dir is not None else None
+        self.rank, self.world_size = rank, world_size
+        self.keep, self.memory_keep = keep, memory_keep
+        self.every, self.memory_every = every, memory_every
+        self.meta = dict(meta or {})
+        self.run_id = run_id or _agree_on_run_id(world_size, group)
+        self.saves = 0
+        self.last_blocking_s = 0.0
+        self._free: list[torch.Tensor] = []
+        self._allocated = 0
+        self._buffers = threading.Condition()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._persist_loop, name=f"checkpoint-persist-r{rank}", daemon=True
+        )
+        self._thread.start()
+        # a clean interpreter exit flushes pending saves (daemon threads still run in atexit)
+        atexit.register(_close_if_alive, weakref.ref(self))
+
+    @classmethod
+    def from_spec(
+        cls, checkpoint: Any, run_name: str, *, rank: int, world_size: int, **kwargs: Any
+    ) -> Checkpointer:
+        """From a job spec's `checkpoint` section (every, keep, memory_every, dir)."""
+        directory = checkpoint.dir or os.path.join("runs", run_name, "checkpoints")
+        if checkpoint.memory_every <= 0:
+            kwargs.setdefault("memory_dir", None)
+        return cls(
+            directory,
+            rank=rank,
+            world_size=world_size,
+            keep=checkpoint.keep,
+            every=checkpoint.every,
+            memory_every=checkpoint.memory_every,
+            **kwargs,
+        )
+
+    def due(self, step: int) -> str | None:
+        """"disk", "memory" or None: which save the schedule asks for at `step`."""
+        if self.every > 0 and step % self.every == 0:
+            return "disk"
+        if self.memory_dir is not None and self.memory_every > 0 and step % self.memory_every == 0:
+            return "memory"
+        return None
+
+    def save(
+        self, step: int, tensors: ShardedState, extras: Any = None, *, to_disk: bool = True
+    ) -> float:
+        """Snapshot this rank's shards and extras for `step`; returns the seconds it blocked.
+
+        Collective in the sense that every rank must make the same sequence of save calls
+        (same steps, same `to_disk`). The shards may be changed as soon as this returns.
+        `extras` is any picklable object of this rank (step, schedule, data position, RNG
+        states, detector state); `to_disk=False` writes the memory tier only.
+        """
+        started = time.perf_counter()
+        self._raise_if_failed()
+        if self._closed:
+            raise CheckpointError("save() after close()")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if not to_disk and self.memory_dir is None:
+            raise CheckpointError("to_disk=False needs a memory tier, but memory_dir is None")
+        shards, nbytes = _plan(tensors)
+        extras_bytes = pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
+        total = nbytes + len(extras_bytes)
+        on_gpu = any(t.is_cuda for t, _, _ in tensors.values())
+        staging = self._acquire(total, pinned=on_gpu)
+        for entry in shards:
+            source = tensors[entry["name"]][0].detach().reshape(-1)
+            end = entry["byte_offset"] + source.numel() * source.element_size()
+            staging[entry["byte_offset"] : end].view(source.dtype).copy_(source, non_blocking=True)
+        staging[nbytes:total].copy_(torch.frombuffer(bytearray(extras_bytes), dtype=torch.uint8))
+        if on_gpu:
+            torch.cuda.synchronize()
+        self.saves += 1
+        self._jobs.put(
+            _Job(
+                step=step,
+                save_id=f"{self.run_id}-{self.saves:06d}",
+                staging=staging,
+                nbytes=total,
+                shards=shards,
+                extras={"byte_offset": nbytes, "nbytes": len(extras_bytes)},
+                to_disk=to_disk,
+                meta=self.meta,
+                time=time.time(),
+            )
+        )
+        self.last_blocking_s = time.perf_counter() - started
+        return self.last_blocking_s
+
+    def wait(self) -> None:
+        """Block until every queued save of this rank is persisted; raise if one failed.
+
+        A checkpoint is committed once all ranks' parts are in, so a loop that needs it to
+        exist everywhere (pause, reshard) calls wait() on every rank, then a barrier.
+        """
+        self._jobs.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Flush and stop the persist thread (clean shutdown)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.join()
+        self._jobs.put(None)
+        self._thread.join()
+        self._raise_if_failed()
+
+    def forget_after(self, step: int) -> None:
+        """After a rollback to `step`: drop both tiers' unpinned checkpoints of later steps, so
+        that a restart cannot resume the abandoned timeline. Call on every rank (idempotent)."""
+        self.wait()
+        for directory in (self.memory_dir, self.directory):
+            if directory is not None:
+                remove_newer(directory, step)
+
+    @property
+    def pending(self) -> int:
+        """Saves queued or being written by this rank."""
+        return self._jobs.unfinished_tasks
+
+    def _acquire(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        with self._buffers:
+            while True:
+                fitting = [b for b in self._free if b.numel() >= nbytes]
+                if fitting:
+                    self._free.remove(fitting[0])
+                    return fitting[0]
+                if self._free:  # too small: give its memory back and grow
+                    self._free.pop()
+                    self._allocated -= 1
+                if self._allocated < _STAGING_BUFFERS:
+                    self._allocated += 1
+                    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+                self._buffers.wait()
+
+    def _release(self, staging: torch.Tensor) -> None:
+        with self._buffers:
+            self._free.append(staging)
+            self._buffers.notify()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise CheckpointError(f"a background checkpoint write failed: {self._error!r}") from (
+                self._error
+            )
+
+    def _persist_loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                if self._error is None:
+                    self._persist(job)
+            except BaseException as e:  # surfaced to the caller by the next save() or wait()
+                self._error = e
+            finally:
+                self._release(job.staging)
+                self._jobs.task_done()
+        self._jobs.task_done()
+
+    def _persist(self, job: _Job) -> None:
+        data = memoryview(job.staging.numpy())[: job.nbytes]
+        part = {
+            "format": FORMAT_VERSION,
+            "step": job.step,
+            "save_id": job.save_id,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "file": data_file_name(job.save_id, self.rank),
+            "nbytes": job.nbytes,
+            "crc32": block_crcs(data),
+            "shards": job.shards,
+            "extras": job.extras,
+            "meta": job.meta,
+            "time": job.time,
+        }
+        tiers = [(self.memory_dir, self.memory_keep)] if self.memory_dir is not None else []
+        if job.to_disk:
+            tiers.append((self.directory, self.keep))
+        for directory, keep in tiers:
+            step_dir = directory / step_dir_name(job.step)
+            step_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(step_dir / part["file"], [data], job.save_id)
+            write_atomic(
+                step_dir / part_file_name(job.save_id, self.rank),
+                [json.dumps(part).encode()],
+                job.save_id,
+            )
+            fsync_dir(step_dir)
+            if _commit_if_complete(step_dir, job.save_id, self.world_size, self.rank):
+                apply_retention(directory, keep, job.step)
+
+
+def _plan(tensors: ShardedState) -> tuple[list[dict[str, Any]], int]:
+    """Check the sharded state and lay its shards out in one buffer (sorted by name)."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict name -> (shard, offset, length), got {tensors!r}")
+    shards, offset = [], 0
+    for name in sorted(tensors):
+        value = tensors[name]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tensor names must be non-empty strings, got {name!r}")
+        if not (isinstance(value, tuple) and len(value) == 3):
+            raise TypeError(f"tensors[{name!r}] must be (shard, global_offset, global_length)")
+        shard, global_offset, length = value
+        if not isinstance(shard, torch.Tensor):
+            raise TypeError(f"tensors[{name!r}][0] must be a tensor, got {type(shard).__name__}")
+        if not 0 <= global_offset <= global_offset + shard.numel() <= length:
+            raise ValueError(
+                f"tensors[{name!r}]: shard of {shard.numel()} elements at offset "
+                f"{global_offset} does not fit in a global length of {length}"
+            )
+        shards.append(
+            {
+                "name": name,
+                "dtype": str(shard.dtype).removeprefix("torch."),
+                "length": int(length),
+                "offset": int(global_offset),
+                "numel": shard.numel(),
+                "byte_offset": offset,
+            }
+        )
+        offset += -(-shard.numel() * shard.element_size() // _ALIGN) * _ALIGN
+    return shards, offset
+
+
+def _commit_if_complete(step_dir: Path, save_id: str, world_size: int, rank: int) -> bool:
+    """Write the manifest if every rank's part of this save is in; True if this rank did.
+
+    Whoever sees all parts commits; two ranks committing at once write identical manifests.
+    """
+    part_files = sorted(step_dir.glob(f"{save_id}.rank-*.json"))
+    if len(part_files) < world_size:
+        return False
+    parts = [json.loads(p.read_text()) for p in part_files]
+    first = parts[0]
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": first["step"],
+        "save_id": save_id,
+        "world_size": world_size,
+        "meta": first["meta"],
+        "time": first["time"],
+        "tensors": _tensor_index(parts),
+        "parts": [{k: p[k] for k in ("rank", "file", "nbytes", "crc32", "shards", "extras")}
+                  for p in parts],
+    }
+    write_atomic(step_dir / MANIFEST, [json.dumps(manifest).encode()], f"{save_id}.{rank}")
+    fsync_dir(step_dir)
+    # files of an earlier save of this step (a re-save after a rollback) and crashed temps
+    for f in step_dir.iterdir():
+        if save_id not in f.name and f.name not in (MANIFEST, PINNED):
+            f.unlink(missing_ok=True)
+    return True
+
+
+def _tensor_index(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """name -> dtype and global length; checks that the ranks agree and cover every tensor."""
+    index: dict[str, dict[str, Any]] = {}
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for part in parts:
+        for s in part["shards"]:
+            entry = index.setdefault(s["name"], {"dtype": s["dtype"], "length": s["length"]})
+            if (entry["dtype"], entry["length"]) != (s["dtype"], s["length"]):
+                raise CheckpointError(
+                    f"tensor {s['name']!r}: rank {part['rank']} saved {s['dtype']}[{s['length']}]"
+                    f", another rank {entry['dtype']}[{entry['length']}]"
+                )
+            pieces.setdefault(s["name"], []).append((s["offset"], s["offset"] + s["numel"]))
+    for name, spans in pieces.items():
+        covered = 0
+        for start, end in sorted(spans):
+            if start > covered:
+                break
+            covered = max(covered, end)
+        if covered < index[name]["length"]:
+            raise CheckpointError(
+                f"tensor {name!r}: no rank saved elements [{covered}, ...) of "
+                f"{index[name]['length']}; a replicated tensor must be saved by one rank"
+            )
+    return index
+
+
+def _agree_on_run_id(world_size: int, group: Any) -> str:
+    run_id = [uuid.uuid4().hex[:12]]
+    if world_size > 1:
+        if not dist.is_initialized():
+            raise CheckpointError(
+                "world_size > 1 needs torch.distributed initialised (to agree on a run id) "
+                "or an explicit run_id equal on all ranks"
+            )
+        dist.broadcast_object_list(run_id, src=dist.get_global_rank(group, 0) if group else 0,
+                                   group=group)
+    return run_id[0]
+
+
+def _close_if_alive(ref: weakref.ref[Checkpointer]) -> None:
+    ckpt = ref()
+    if ckpt is not None:
+        ckpt.close()
