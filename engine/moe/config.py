@@ -148,6 +148,7 @@ PRESETS: dict[str, MoEConfig] = {
         num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
         moe_intermediate_size=512, n_group=8, topk_group=4, first_k_dense_replace=1,
         initializer_range=0.006, max_position_embeddings=32768, bias_update_rate=1e-3,
+        num_nextn_predict_layers=0,  # the published checkpoint ships without its MTP layer
     ),
 }
 

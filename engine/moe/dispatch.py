@@ -1,0 +1,169 @@
+"""Dropless token dispatch for the routed experts (moe.md section 6).
+
+`routed_experts(x, idx, weight, gate_up, down, impl)` computes, for every token t,
+`sum_j weight[t, j] * SwiGLU_{idx[t, j]}(x[t])` with the fused expert weights
+`gate_up` [E, 2f, d] (gate rows first) and `down` [E, d, f]. Three implementations:
+
+- `grouped_mm`: stable-sort the T*k token slots by expert, run two grouped matmuls whose
+  groups are the experts' contiguous row ranges, and sum the k slots of each token back.
+  No Python loop over experts and no host synchronisation.
+- `padded_bmm`: the same sort, then rows scattered into an [E, max count, d] buffer and two
+  batched matmuls; one host sync (the max count). For builds without grouped_mm.
+- `loop`: one masked matmul pair per expert. The test oracle.
+
+The gather into slots and the sum back out are custom autograd functions that are each
+other's transpose, so both directions of both are gathers (`index_select`); autograd's
+default for fancy indexing would scatter-add rows in the backward pass, which is several
+times slower on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("grouped_mm", "padded_bmm", "loop")
+
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+@dataclass
+class SlotOrder:
+    """Where each token slot goes when the slots are sorted by expert.
+
+    `token_of_sorted[i]` is the token of the i-th sorted slot, `slot_of_sorted` its slot
+    index t*k + j, `sorted_of_slot` the inverse permutation, `counts[e]` the slots per
+    expert and `offsets` their int32 running sum (the grouped_mm group ends).
+    """
+
+    token_of_sorted: torch.Tensor
+    slot_of_sorted: torch.Tensor
+    sorted_of_slot: torch.Tensor
+    expert_of_sorted: torch.Tensor
+    counts: torch.Tensor
+    offsets: torch.Tensor
+    top_k: int
+
+
+def sort_slots(idx: torch.Tensor, num_experts: int) -> SlotOrder:
+    """Sort the token slots of `idx` [T, k] by expert (stable, so tokens keep their order)."""
+    flat = idx.reshape(-1)
+    expert_of_sorted, slot_of_sorted = torch.sort(flat, stable=True)
+    sorted_of_slot = torch.empty_like(slot_of_sorted)
+    sorted_of_slot[slot_of_sorted] = torch.arange(flat.numel(), device=flat.device)
+    counts = torch.bincount(flat, minlength=num_experts)
+    return SlotOrder(
+        token_of_sorted=slot_of_sorted // idx.shape[1],
+        slot_of_sorted=slot_of_sorted,
+        sorted_of_slot=sorted_of_slot,
+        expert_of_sorted=expert_of_sorted,
+        counts=counts,
+        offsets=torch.cumsum(counts, 0, dtype=torch.int32),
+        top_k=idx.shape[1],
+    )
+
+
+def _sum_slots(rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
+    """Sorted slot rows [T*k, d] -> per-token sums [T, d]."""
+    return rows.index_select(0, order.sorted_of_slot).view(-1, order.top_k, rows.shape[-1]).sum(1)
+
+
+class _GatherSlots(torch.autograd.Function):
+    """x [T, d] -> the sorted slots' rows [T*k, d]; backward sums each token's k slots."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, order: SlotOrder) -> torch.Tensor:
+        ctx.order = order
+        return x.index_select(0, order.token_of_sorted)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _sum_slots(grad, ctx.order), None
+
+
+class _ScatterSlots(torch.autograd.Function):
+    """Sorted slot rows [T*k, d] -> per-token sums [T, d]; backward copies each token's
+    gradient to its k slots."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
+        ctx.order = order
+        return _sum_slots(rows, order)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.index_select(0, ctx.order.token_of_sorted), None
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def grouped_mm_supports(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
+    """The kernel exists, takes this dtype, and every row stride is a multiple of 16 bytes."""
+    return (
+        _grouped_mm is not None
+        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and all(n * x.element_size() % 16 == 0 for n in (gate_up.shape[1] // 2, gate_up.shape[2]))
+    )
+
+
+def _experts_grouped_mm(xs, w_sorted, gate_up, down, order):
+    h = _grouped_mm(xs, gate_up.transpose(-2, -1), offs=order.offsets)
+    h = _swiglu(h) * w_sorted.unsqueeze(-1)
+    return _grouped_mm(h, down.transpose(-2, -1), offs=order.offsets)
+
+
+def _experts_padded_bmm(xs, w_sorted, gate_up, down, order):
+    num_experts = gate_up.shape[0]
+    capacity = int(order.counts.max())  # the one host sync of this path
+    starts = order.offsets - order.counts
+    position = torch.arange(xs.shape[0], device=xs.device) - starts[order.expert_of_sorted]
+    cell = order.expert_of_sorted * capacity + position
+    padded = xs.new_zeros(num_experts * capacity, xs.shape[1]).index_copy(0, cell, xs)
+    h = torch.bmm(padded.view(num_experts, capacity, -1), gate_up.transpose(-2, -1))
+    h = _swiglu(h).reshape(num_experts * capacity, -1).index_select(0, cell)
+    h = h * w_sorted.unsqueeze(-1)
+    padded_h = h.new_zeros(num_experts * capacity, h.shape[1]).index_copy(0, cell, h)
+    out = torch.bmm(padded_h.view(num_experts, capacity, -1), down.transpose(-2, -1))
+    return out.reshape(num_experts * capacity, -1).index_select(0, cell)
+
+
+def routed_experts(
+    x: torch.Tensor,
+    idx: torch.Tensor,
+    weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    impl: str = "grouped_mm",
+    order: SlotOrder | None = None,
+) -> torch.Tensor:
+    """Weighted sum of each token's k experts. x [T, d], idx [T, k] (long), weight [T, k].
+
+    `order` may be passed when the caller already sorted the slots (it also needs the counts).
+    `grouped_mm` falls back to `padded_bmm` where `grouped_mm_supports` says no.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "loop":
+        return _experts_loop(x, idx, weight, gate_up, down)
+    order = order if order is not None else sort_slots(idx, gate_up.shape[0])
+    xs = _GatherSlots.apply(x, order)
+    w_sorted = weight.reshape(-1).index_select(0, order.slot_of_sorted).to(x.dtype)
+    if impl == "grouped_mm" and grouped_mm_supports(x, gate_up):
+        ys = _experts_grouped_mm(xs, w_sorted, gate_up, down, order)
+    else:
+        ys = _experts_padded_bmm(xs, w_sorted, gate_up, down, order)
+    return _ScatterSlots.apply(ys, order)
+
+
+def _experts_loop(x, idx, weight, gate_up, down):
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        token, slot = torch.where(idx == e)
+        h = _swiglu(x[token] @ gate_up[e].T) @ down[e].T
+        out = out.index_add(0, token, h * weight[token, slot].unsqueeze(-1).to(x.dtype))
+    return out

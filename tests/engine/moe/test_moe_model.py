@@ -1,0 +1,176 @@
+"""The model: published sizes, the training loop's interface, losses, and that it learns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.moe import ModelOutput, MoEModel, param_count, preset
+
+torch.set_num_threads(1)
+
+
+def batch(config, batch_size=2, seq=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (batch_size, seq + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+@pytest.mark.parametrize(
+    "name, total_b, active_b",
+    [("ling-lite", 16.8, 2.75), ("ling-mini-2.0", 16.26, 1.43)],
+)
+def test_parameter_counts_match_the_published_totals(name, total_b, active_b):
+    config = preset(name)
+    assert param_count(config) / 1e9 == pytest.approx(total_b, abs=0.005)
+    assert param_count(config, active=True) / 1e9 == pytest.approx(active_b, abs=0.005)
+
+
+def test_ling_mini_active_non_embedding_parameters_are_789m():
+    config = preset("ling-mini-2.0")
+    embedding_and_head = 2 * config.vocab_size * config.hidden_size
+    active_non_embedding = param_count(config, active=True) - embedding_and_head
+    assert active_non_embedding / 1e6 == pytest.approx(789, abs=0.5)
+
+
+def test_published_presets_build_on_the_meta_device():
+    with torch.device("meta"):
+        model = MoEModel(preset("ling-lite"))
+    assert model.lm_head.weight.is_meta
+    assert len(model.moe_layers) == 28  # Ling 1: every layer is MoE
+
+
+def test_forward_returns_loss_ce_and_logits_on_request():
+    config = preset("nano")
+    model = MoEModel(config)
+    ids, labels = batch(config)
+    out = model(ids, labels)
+    assert isinstance(out, ModelOutput) and out.logits is None
+    assert out.loss.requires_grad and not out.ce_loss.requires_grad
+    # at init the prediction is near uniform over the vocabulary
+    assert out.ce_loss.item() == pytest.approx(torch.log(torch.tensor(256.0)).item(), abs=0.1)
+    logits = model(ids, labels, return_logits=True).logits
+    assert logits.shape == (2, 16, config.vocab_size)
+
+
+def test_loss_adds_the_weighted_mtp_loss_in_training_mode_only():
+    config = preset("nano").replace(z_loss_coef=0.0)
+    model = MoEModel(config)
+    ids, labels = batch(config)
+    out = model(ids, labels)
+    assert out.loss.item() == pytest.approx(out.ce_loss.item() * 1.1, rel=0.02)
+    model.eval()
+    out = model(ids, labels)
+    assert out.loss.item() == pytest.approx(out.ce_loss.item(), abs=1e-6)
+
+
+def test_ignored_labels_do_not_count():
+    config = preset("nano")
+    model = MoEModel(config).eval()
+    ids, labels = batch(config)
+    masked = labels.clone()
+    masked[:, 8:] = -100
+    full = model(ids, labels, return_logits=True)
+    part = model(ids, masked)
+    expected = torch.nn.functional.cross_entropy(
+        full.logits[:, :8].flatten(0, 1), labels[:, :8].flatten()
+    )
+    torch.testing.assert_close(part.ce_loss, expected)
+
+
+def test_attention_is_causal():
+    config = preset("nano")
+    model = MoEModel(config).eval()
+    ids, labels = batch(config)
+    changed = ids.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % config.vocab_size
+    a = model(ids, labels, return_logits=True).logits
+    b = model(changed, labels, return_logits=True).logits
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_routing_counts_are_kept_for_training_forwards_only():
+    config = preset("nano")
+    model = MoEModel(config)
+    ids, labels = batch(config)
+    model(ids, labels)
+    counts = model.routing_counts()
+    n_moe = config.num_hidden_layers - config.first_k_dense_replace + 1  # + the MTP layer
+    assert counts.shape == (n_moe, config.num_experts) and counts.dtype == torch.float32
+    assert (counts.sum(1) == ids.numel() * config.num_experts_per_tok).all()
+    with torch.no_grad():
+        model(ids, labels)
+    torch.testing.assert_close(model.routing_counts(), counts)
+    model.reset_routing_counts()
+    assert model.routing_counts().sum() == 0
+
+
+def test_expert_stats_describe_each_moe_layer():
+    config = preset("nano")
+    model = MoEModel(config)
+    counts = torch.tensor([[4.0, 4, 4, 4, 4, 4, 4, 4], [16.0, 0, 0, 0, 8, 8, 0, 0]])
+    model(*batch(config))
+    balanced, skewed = model.expert_stats(counts)
+    assert balanced["max_violation"] == 0 and balanced["dead_experts"] == 0
+    assert balanced["load_entropy"] == pytest.approx(1.0)
+    assert skewed["tokens_per_expert"] == [16, 0, 0, 0, 8, 8, 0, 0]
+    assert skewed["max_violation"] == pytest.approx(16 / 4 - 1)
+    assert skewed["dead_experts"] == 5
+    assert 0 < skewed["load_entropy"] < 1
+    assert skewed["z_loss"] > 0 and skewed["router_logit_max"] > 0
+    assert set(skewed["expert_bias"]) == {"mean", "std", "absmax"}
+
+
+def test_update_expert_bias_rejects_counts_of_the_wrong_shape():
+    model = MoEModel(preset("nano"))
+    with pytest.raises(ValueError, match=r"counts must have shape \[2, 8\]"):
+        model.update_expert_bias(torch.zeros(3, 8))
+
+
+def test_update_expert_bias_moves_bias_toward_underused_experts():
+    model = MoEModel(preset("nano"))
+    counts = torch.tensor([[10.0, 0, 0, 0, 0, 0, 0, 6]] * 2)
+    model.update_expert_bias(counts)
+    bias = model.moe_layers[0].router.expert_bias
+    assert bias[0] < 0 and bias[1] > 0
+    assert bias.mean().abs() < 1e-7  # zero-mean variant
+
+
+def test_bad_inputs_name_the_argument():
+    config = preset("nano")
+    model = MoEModel(config)
+    ids, labels = batch(config)
+    with pytest.raises(ValueError, match="labels shape"):
+        model(ids, labels[:, :-1])
+    with pytest.raises(ValueError, match="input_ids must be"):
+        model(ids[0], labels[0])
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        MoEModel(config.replace(num_experts_per_tok=9))
+
+
+@pytest.mark.parametrize("name", ["nano", "nano-ling1"])
+def test_loss_falls_on_a_repeated_batch(name):
+    config = preset("nano")
+    if name == "nano-ling1":
+        config = config.replace(
+            router_mode="ling1", score_function="softmax", moe_router_enable_expert_bias=False,
+            n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_head=True,
+            use_qk_norm=False, partial_rotary_factor=1.0, num_nextn_predict_layers=0,
+            aux_loss_coef=0.015, z_loss_coef=1e-4, srw_warmup_steps=10,
+        )
+    torch.manual_seed(0)
+    model = MoEModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids, labels = batch(config, batch_size=4, seq=32)
+    first = None
+    for step in range(40):
+        model.set_step(step)
+        out = model(ids, labels)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.update_expert_bias(model.routing_counts())
+        model.reset_routing_counts()
+        first = first if first is not None else out.ce_loss.item()
+    assert out.ce_loss.item() < 0.3 * first
