@@ -1,0 +1,184 @@
+"""Reshard on load: a checkpoint saved by one layout and world size loads into any other.
+
+The shards follow PaRO's nested layout: the I partition splits a flat buffer among the
+procs of a node (replicated across nodes), the G partition splits each I piece further
+across the nodes of its rail, and N is replicated. One rank of each replica set saves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    load,
+    load_into,
+    read_extras,
+    restore,
+)
+from engine.checkpoint.layout import BLOCK_BYTES
+
+torch.set_num_threads(1)
+
+LENGTHS = {"params": 1003, "exp_avg": 1003, "step_scale": 7}
+
+
+def full_state(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return {
+        "params": torch.randn(LENGTHS["params"], generator=g),
+        "exp_avg": torch.randn(LENGTHS["exp_avg"], generator=g),
+        "step_scale": torch.randn(LENGTHS["step_scale"], generator=g).to(torch.bfloat16),
+    }
+
+
+def span(length: int, parts: int, index: int) -> tuple[int, int]:
+    """Uneven contiguous split, as torch.tensor_split does: (offset, numel) of piece index."""
+    base, extra = divmod(length, parts)
+    offset = index * base + min(index, extra)
+    return offset, base + (index < extra)
+
+
+def paro_span(length: int, nodes: int, procs: int, rank: int, letter: str) -> tuple[int, int]:
+    node, local = divmod(rank, procs)
+    if letter == "N":
+        return 0, length
+    i_offset, i_numel = span(length, procs, local)
+    if letter == "I":
+        return i_offset, i_numel
+    g_offset, g_numel = span(i_numel, nodes, node)
+    return i_offset + g_offset, g_numel
+
+
+def saves_it(nodes: int, procs: int, rank: int, letter: str) -> bool:
+    """One rank of each replica set writes: rank 0 for N, node 0 for I, everyone for G."""
+    node, _ = divmod(rank, procs)
+    return letter == "G" or (letter == "I" and node == 0) or rank == 0
+
+
+def sharded(full, nodes, procs, rank, strategy, saving=False):
+    """`full` cut as rank `rank` of a nodes x procs layout holds it; `strategy` maps name to
+    N/I/G. For saving, only what this rank writes; for loading, every piece it owns."""
+    state = {}
+    for name, letter in strategy.items():
+        if saving and not saves_it(nodes, procs, rank, letter):
+            continue
+        offset, numel = paro_span(len(full[name]), nodes, procs, rank, letter)
+        state[name] = (full[name][offset : offset + numel].clone(), offset, len(full[name]))
+    return state
+
+
+IIG = {"params": "I", "exp_avg": "G", "step_scale": "N"}  # 2x2 save layout
+GGG = {"params": "G", "exp_avg": "G", "step_scale": "G"}
+NNN = {"params": "N", "exp_avg": "N", "step_scale": "N"}
+
+
+def save_simulated_world(directory: Path, nodes: int, procs: int, step: int) -> None:
+    """All ranks of a layout in this process (each its own Checkpointer and thread)."""
+    world = nodes * procs
+    ranks = [
+        Checkpointer(directory, rank=r, world_size=world, run_id="sim", memory_dir=None)
+        for r in range(world)
+    ]
+    full = full_state(step)
+    for r, ckpt in enumerate(ranks):
+        ckpt.save(step, sharded(full, nodes, procs, r, IIG, saving=True), {"rank": r})
+    for ckpt in ranks:
+        ckpt.close()
+
+
+def assert_same_bytes(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype
+    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize(("nodes", "procs", "strategy"), [(1, 2, GGG), (1, 1, NNN), (2, 3, IIG)])
+def test_world_4_iig_loads_into_other_layouts_byte_for_byte(tmp_path, nodes, procs, strategy):
+    save_simulated_world(tmp_path, nodes=2, procs=2, step=10)
+    full = full_state(10)
+    for rank in range(nodes * procs):
+        targets = sharded({k: torch.empty_like(v) for k, v in full.items()}, nodes, procs, rank,
+                          strategy)
+        load_into(tmp_path, targets)
+        for name, (shard, offset, _) in targets.items():
+            assert_same_bytes(shard, full[name][offset : offset + shard.numel()])
+
+
+def test_load_returns_any_ranges_and_each_saved_rank_keeps_its_extras(tmp_path):
+    save_simulated_world(tmp_path, nodes=2, procs=2, step=3)
+    full = full_state(3)
+    got = load(tmp_path, {"params": [(0, 5), (250, 600)], "step_scale": [(6, 1)]})
+    assert_same_bytes(got["params"][0], full["params"][:5])
+    assert_same_bytes(got["params"][1], full["params"][250:850])
+    assert_same_bytes(got["step_scale"][0], full["step_scale"][6:])
+    assert [read_extras(tmp_path, r)["rank"] for r in range(4)] == [0, 1, 2, 3]
+
+
+def test_loading_reads_only_the_blocks_that_hold_the_wanted_range(tmp_path, monkeypatch):
+    length = 3 * BLOCK_BYTES // 4 * 2  # 2 ranks x 3 blocks of float32 each
+    full = torch.randn(length)
+    for rank in range(2):
+        ckpt = Checkpointer(tmp_path, rank=rank, world_size=2, run_id="big", memory_dir=None)
+        half = length // 2
+        ckpt.save(1, {"w": (full[rank * half : (rank + 1) * half], rank * half, length)})
+        ckpt.close()
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: reads.append(at) or real_preadv(
+        fd, bufs, at))
+    wanted = (length // 2 - 10, 20)  # straddles the two ranks' files: one block from each
+    got = load(tmp_path, {"w": [wanted]})["w"][0]
+    assert torch.equal(got, full[wanted[0] : wanted[0] + wanted[1]])
+    assert sorted(reads) == [0, 2 * BLOCK_BYTES]
+
+
+def test_wrong_targets_are_named_in_the_error(tmp_path):
+    save_simulated_world(tmp_path, nodes=1, procs=1, step=1)
+    with pytest.raises(CheckpointError, match="'nope' is not in"):
+        load(tmp_path, {"nope": [(0, 1)]})
+    with pytest.raises(CheckpointError, match="'params': target is torch.float16"):
+        load_into(tmp_path, {"params": (torch.empty(3, dtype=torch.float16), 0, 1003)})
+    with pytest.raises(CheckpointError, match="'params': target global length 999"):
+        load_into(tmp_path, {"params": (torch.empty(3), 0, 999)})
+    with pytest.raises(CheckpointError, match=r"'params': range \[1000, 1010\) is outside"):
+        load(tmp_path, {"params": [(1000, 10)]})
+
+
+def _gloo_worker(rank: int, init: str, directory: str) -> None:
+    """Four gloo ranks save on 2x2 (IIG); then ranks 0-1, as a world of 2 (GGG on 1x2), restore."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=4)
+    try:
+        meta = {"strategy": "IIG", "nodes": 2, "procs_per_node": 2}
+        ckpt = Checkpointer(directory, rank=rank, world_size=4, memory_dir=None, meta=meta)
+        for step in (10, 20):
+            state = sharded(full_state(step), 2, 2, rank, IIG, saving=True)
+            ckpt.save(step, state, {"rng": torch.get_rng_state(), "rank": rank})
+        ckpt.close()
+        dist.barrier()
+        world_of_two = dist.new_group([0, 1])
+        if rank >= 2:
+            return
+        full = full_state(20)
+        empty = {k: torch.empty_like(v) for k, v in full.items()}
+        targets = sharded(empty, 1, 2, rank, GGG)
+        restored = restore([directory], targets, group=world_of_two)
+        assert restored.step == 20 and restored.skipped == []
+        assert restored.checkpoint.meta == meta and restored.checkpoint.world_size == 4
+        assert torch.equal(restored.extras(rank)["rng"], torch.get_rng_state())
+        for name, (shard, offset, _) in targets.items():
+            assert_same_bytes(shard, full[name][offset : offset + shard.numel()])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_gloo_ranks_save_on_2x2_and_restore_on_1x2(tmp_path):
+    init = f"file://{tmp_path}/rendezvous"
+    mp.spawn(_gloo_worker, args=(init, str(tmp_path / "checkpoints")), nprocs=4)
