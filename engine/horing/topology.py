@@ -22,6 +22,10 @@ class Topology:
     intra: Any = field(default=None, repr=False, compare=False)
     inter: Any = field(default=None, repr=False, compare=False)
     global_group: Any = field(default=None, repr=False, compare=False)
+    # second communicators over the same ranks: HO-Ring runs its all-gather stages on these
+    # while its reduce-scatter stages use intra/inter, so the pipelined stages never share one
+    intra_ag: Any = field(default=None, repr=False, compare=False)
+    inter_ag: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.procs_per_node < 1:
@@ -67,6 +71,13 @@ class Topology:
         """Create the intra-node and rail groups; every rank must call this, in the same order."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialised before init_groups()")
+        # every rank gathers every rank's shape first, so a mismatch fails on all ranks alike
+        # instead of leaving the ranks that passed waiting in new_group for the others
+        shapes: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(shapes, (self.nodes, self.procs_per_node))
+        if len(set(shapes)) > 1:
+            found = ", ".join(f"rank {r}: {n}x{p}" for r, (n, p) in enumerate(shapes))
+            raise ValueError(f"ranks disagree on the topology (nodes x procs_per_node): {found}")
         if dist.get_world_size() != self.world_size:
             raise ValueError(
                 f"topology {self.nodes}x{self.procs_per_node} needs {self.world_size} ranks, "
@@ -74,12 +85,14 @@ class Topology:
             )
         rank = dist.get_rank()
         self.global_group = dist.group.WORLD
-        for node in range(self.nodes):
-            group = dist.new_group(self.node_ranks(node))
-            if node == self.node_of(rank):
-                self.intra = group
-        for local in range(self.procs_per_node):
-            group = dist.new_group(self.rail_ranks(local))
-            if local == self.local_rank_of(rank):
-                self.inter = group
+        for name in ("intra", "intra_ag"):
+            for node in range(self.nodes):
+                group = dist.new_group(self.node_ranks(node))
+                if node == self.node_of(rank):
+                    setattr(self, name, group)
+        for name in ("inter", "inter_ag"):
+            for local in range(self.procs_per_node):
+                group = dist.new_group(self.rail_ranks(local))
+                if local == self.local_rank_of(rank):
+                    setattr(self, name, group)
         return self

@@ -1,0 +1,510 @@
+"""All-reduce, reduce-scatter and all-gather as flat ring, hierarchical and HO-Ring.
+
+Every algorithm is built from one primitive, a ring over a list of ranks whose positions each
+end up owning a *piece* of a flat buffer (`_ring_reduce_scatter`, `_ring_all_gather`), sent
+with torch.distributed point-to-point ops batched by `batch_isend_irecv`, so the same code
+runs on gloo and NCCL.
+
+A collective is described as W *blocks* (ranges of the flat buffer; block b ends on the rank
+that owns it) and a list of *stages*, each a ring over one process group:
+
+    all-reduce      intra RS -> inter RS -> inter AG -> intra AG
+    reduce-scatter  intra RS -> inter RS
+    all-gather                  inter AG -> intra AG
+
+`hier` runs the stages one after another over the whole buffer. `horing` cuts the buffer
+into chunks and runs every stage in its own thread on its own communicator, so while chunk i
+is on the NIC (every rail's inter ring at once), chunk i+1 is in the intra reduce-scatter and
+chunk i-1 in the intra all-gather. `ring` is one flat ring over all ranks.
+
+Collectives on one topology run one at a time in issue order on a per-topology worker
+thread, so async handles behave like a CUDA stream: later calls queue behind earlier ones.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from engine.horing.topology import Topology
+
+ALGOS = ("native", "ring", "hier", "horing")
+OPS = ("sum", "avg")
+LAYOUTS = ("rank", "nested")
+# 1 MiB pieces keep the per-message overhead of gloo small next to the transfer time while
+# leaving enough pieces (32 for 32 MB) that the unoverlapped head and tail stay short.
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+Range = tuple[int, int]  # [start, stop) in the flat buffer
+Piece = list[Range]  # what one ring position owns: one or more ranges
+
+
+class Handle:
+    """Completion of an asynchronous collective; `wait()` blocks and re-raises its error."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._future.result(timeout)
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def shard_size(numel: int, world_size: int) -> int:
+    """Elements of one rank's shard of a `numel`-element buffer (the last ones are padded)."""
+    return -(-numel // world_size)
+
+
+def shard_block(topo: Topology, rank: int, layout: str = "rank") -> int:
+    """Index of the block of a flat buffer that `rank` owns: `rank` itself in the `rank`
+    layout, j*R + k for rank (node k, local j) in PaRO's `nested` layout."""
+    _check_choice("layout", layout, LAYOUTS)
+    if layout == "rank":
+        return rank
+    return topo.local_rank_of(rank) * topo.nodes + topo.node_of(rank)
+
+
+def shard_range(numel: int, topo: Topology, rank: int, layout: str = "rank") -> Range:
+    """The [start, stop) of `rank`'s shard in a `numel`-element buffer, clipped to numel."""
+    size = shard_size(numel, topo.world_size)
+    start = min(shard_block(topo, rank, layout) * size, numel)
+    return start, min(start + size, numel)
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    topo: Topology,
+    algo: str = "horing",
+    op: str = "sum",
+    async_op: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Handle | None:
+    """Reduce `tensor` (any shape, contiguous) in place over all ranks of `topo`."""
+    _check_call(topo, algo, op, chunk_bytes, tensor=tensor)
+    return _submit(
+        topo, async_op, lambda: _all_reduce(tensor.view(-1), topo, algo, op, chunk_bytes)
+    )
+
+
+def reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    topo: Topology,
+    algo: str = "horing",
+    op: str = "sum",
+    async_op: bool = False,
+    layout: str = "rank",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Handle | None:
+    """Reduce the flat `input` (numel n, any n) over all ranks and write this rank's shard,
+    `shard_range(n, topo, rank, layout)`, into `output` (numel `shard_size(n, W)`; the part
+    past the end of the buffer is zero). `input` is left unchanged."""
+    _check_call(topo, algo, op, chunk_bytes, tensor=input, output=output, layout=layout)
+    expected = shard_size(input.numel(), topo.world_size)
+    if output.numel() != expected:
+        raise ValueError(
+            f"output: reduce_scatter of {input.numel()} elements over {topo.world_size} ranks "
+            f"needs a {expected}-element output, got {output.numel()}"
+        )
+    return _submit(
+        topo,
+        async_op,
+        lambda: _reduce_scatter(
+            output.view(-1), input.view(-1), topo, algo, op, layout, chunk_bytes
+        ),
+    )
+
+
+def all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    topo: Topology,
+    algo: str = "horing",
+    async_op: bool = False,
+    layout: str = "rank",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Handle | None:
+    """Gather every rank's shard `input` (numel `shard_size(n, W)`) into the flat `output`
+    (numel n, any n): rank r's shard lands at `shard_range(n, topo, r, layout)`."""
+    _check_call(topo, algo, "sum", chunk_bytes, tensor=output, output=input, layout=layout)
+    expected = shard_size(output.numel(), topo.world_size)
+    if input.numel() != expected:
+        raise ValueError(
+            f"input: all_gather into {output.numel()} elements over {topo.world_size} ranks "
+            f"needs a {expected}-element input shard, got {input.numel()}"
+        )
+    return _submit(
+        topo,
+        async_op,
+        lambda: _all_gather(output.view(-1), input.view(-1), topo, algo, layout, chunk_bytes),
+    )
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_call(
+    topo: Topology,
+    algo: str,
+    op: str,
+    chunk_bytes: int,
+    tensor: torch.Tensor,
+    output: torch.Tensor | None = None,
+    layout: str = "rank",
+) -> None:
+    _check_choice("algo", algo, ALGOS)
+    _check_choice("op", op, OPS)
+    _check_choice("layout", layout, LAYOUTS)
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed must be initialised before a horing collective")
+    if topo.global_group is None:
+        raise RuntimeError("topo: call topo.init_groups() on every rank before a collective")
+    if dist.get_world_size() != topo.world_size:
+        raise ValueError(
+            f"topo: topology {topo.nodes}x{topo.procs_per_node} has {topo.world_size} ranks, "
+            f"but the process group has {dist.get_world_size()}"
+        )
+    for name, t in (("tensor", tensor), ("output", output)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if output is not None and (output.dtype != tensor.dtype or output.device != tensor.device):
+        raise ValueError(
+            f"output and input must share dtype and device, got {output.dtype}/{output.device} "
+            f"and {tensor.dtype}/{tensor.device}"
+        )
+    if op == "avg" and not tensor.is_floating_point():
+        raise ValueError(f"op='avg' needs a floating-point tensor, got {tensor.dtype}")
+
+
+# ----------------------------------------------------------------------- ordering
+
+
+_WORKERS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _submit(topo: Topology, async_op: bool, run: Callable[[], None]) -> Handle | None:
+    worker = _WORKERS.get(id(topo))
+    if worker is None:
+        worker = ThreadPoolExecutor(1, thread_name_prefix="horing")
+        _WORKERS[id(topo)] = worker
+        weakref.finalize(topo, _retire_worker, id(topo))
+    handle = Handle(worker.submit(run))
+    if async_op:
+        return handle
+    handle.wait()
+    return None
+
+
+def _retire_worker(key: int) -> None:
+    _WORKERS.pop(key).shutdown(wait=False)
+
+
+# ------------------------------------------------------------------ ring primitives
+
+
+def _merge(piece: Piece) -> Piece:
+    """Join adjacent ranges and drop empty ones, so a piece goes out in as few messages
+    as possible (and empty tensors never do)."""
+    merged: Piece = []
+    for start, stop in piece:
+        if stop <= start:
+            continue
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def _exchange(
+    flat: torch.Tensor,
+    send: Piece,
+    recv: list[torch.Tensor],
+    dst: int,
+    src: int,
+    group,
+) -> None:
+    ops = [dist.P2POp(dist.irecv, t, src, group) for t in recv]
+    ops += [dist.P2POp(dist.isend, flat[a:b], dst, group) for a, b in send]
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def _ring_reduce_scatter(flat: torch.Tensor, pieces: list[Piece], ring: list[int], group) -> None:
+    """Sum `pieces[p]` over the ring so that position p ends holding the total in place."""
+    n = len(ring)
+    if n == 1:
+        return
+    p = ring.index(dist.get_rank())
+    pieces = [_merge(piece) for piece in pieces]
+    scratch = flat.new_empty(max(sum(b - a for a, b in piece) for piece in pieces))
+    for step in range(n - 1):
+        # at step s position p passes on its partial sum of piece p-s-1 and adds into p-s-2,
+        # so after n-1 steps piece p has visited every position and ends at p
+        send, recv = pieces[(p - step - 1) % n], pieces[(p - step - 2) % n]
+        bufs, offset = [], 0
+        for a, b in recv:
+            bufs.append(scratch[offset : offset + b - a])
+            offset += b - a
+        _exchange(flat, send, bufs, ring[(p + 1) % n], ring[(p - 1) % n], group)
+        for (a, b), buf in zip(recv, bufs, strict=True):
+            flat[a:b].add_(buf)
+
+
+def _ring_all_gather(flat: torch.Tensor, pieces: list[Piece], ring: list[int], group) -> None:
+    """Position p holds `pieces[p]`; afterwards every position holds all pieces."""
+    n = len(ring)
+    if n == 1:
+        return
+    p = ring.index(dist.get_rank())
+    pieces = [_merge(piece) for piece in pieces]
+    for step in range(n - 1):
+        send, recv = pieces[(p - step) % n], pieces[(p - step - 1) % n]
+        bufs = [flat[a:b] for a, b in recv]
+        _exchange(flat, send, bufs, ring[(p + 1) % n], ring[(p - 1) % n], group)
+
+
+# ------------------------------------------------------------------------ stages
+
+
+Stage = Callable[[list[Range]], None]  # runs one phase on one chunk, given its W blocks
+
+
+def _stages(
+    flat: torch.Tensor,
+    topo: Topology,
+    block_of: list[int],
+    kinds: tuple[str, ...],
+    scale: float | None,
+) -> list[Stage]:
+    """The phases of a hierarchical collective as functions of a chunk's blocks. `block_of[r]`
+    is the block rank r owns; `scale` divides the owned block after the last reduction."""
+    me = dist.get_rank()
+    node, local = topo.node_of(me), topo.local_rank_of(me)
+    intra_ring, rail_ring = topo.node_ranks(node), topo.rail_ranks(local)
+
+    def intra_pieces(blocks: list[Range]) -> list[Piece]:
+        # position j of a node ring collects everything rail j will own
+        return [[blocks[block_of[r]] for r in topo.rail_ranks(j)] for j in range(len(intra_ring))]
+
+    def rail_pieces(blocks: list[Range]) -> list[Piece]:
+        return [[blocks[block_of[r]]] for r in rail_ring]
+
+    def finish(blocks: list[Range]) -> None:
+        if scale is not None:
+            a, b = blocks[block_of[me]]
+            flat[a:b].div_(scale)
+
+    last_reduction = "inter_rs" if topo.nodes > 1 else "intra_rs"
+    runs = {
+        "intra_rs": lambda blocks: _ring_reduce_scatter(
+            flat, intra_pieces(blocks), intra_ring, topo.intra
+        ),
+        "inter_rs": lambda blocks: _ring_reduce_scatter(
+            flat, rail_pieces(blocks), rail_ring, topo.inter
+        ),
+        "inter_ag": lambda blocks: _ring_all_gather(
+            flat, rail_pieces(blocks), rail_ring, topo.inter_ag
+        ),
+        "intra_ag": lambda blocks: _ring_all_gather(
+            flat, intra_pieces(blocks), intra_ring, topo.intra_ag
+        ),
+    }
+    trivial = {"intra_rs", "intra_ag"} if topo.procs_per_node == 1 else set()
+    trivial |= {"inter_rs", "inter_ag"} if topo.nodes == 1 else set()
+    stages: list[Stage] = []
+    for kind in kinds:
+        if kind in trivial:
+            continue
+        if kind == last_reduction:
+            stages.append(lambda blocks, run=runs[kind]: (run(blocks), finish(blocks)))
+        else:
+            stages.append(runs[kind])
+    if not stages and "intra_rs" in kinds:  # a world of one: nothing moves, only the scale
+        stages.append(finish)
+    return stages
+
+
+def _run(stages: list[Stage], chunks: list[list[Range]], pipelined: bool) -> None:
+    """Push every chunk through every stage: stage by stage, or as a pipeline with one thread
+    per stage (each stage owns its communicator, so the threads never share one)."""
+    if not pipelined or len(stages) < 2 or len(chunks) < 2:
+        for stage in stages:
+            for chunk in chunks:
+                stage(chunk)
+        return
+    errors: list[BaseException] = []
+    links = [queue.SimpleQueue() for _ in range(len(stages) + 1)]
+    for chunk in chunks:
+        links[0].put(chunk)
+    links[0].put(None)
+
+    def work(index: int) -> None:
+        while (chunk := links[index].get()) is not None:
+            try:
+                stages[index](chunk)
+            except BaseException as error:  # noqa: BLE001 - re-raised by the caller
+                errors.append(error)
+                break
+            links[index + 1].put(chunk)
+        links[index + 1].put(None)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(stages))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _split(start: int, stop: int, parts: int) -> list[Range]:
+    """`parts` near-equal consecutive ranges covering [start, stop)."""
+    size, extra = divmod(stop - start, parts)
+    bounds = [start + i * size + min(i, extra) for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _chunk_count(algo: str, nbytes: int, smallest_piece: int, chunk_bytes: int) -> int:
+    if algo != "horing":
+        return 1
+    return max(1, min(math.ceil(nbytes / chunk_bytes), smallest_piece))
+
+
+# --------------------------------------------------------------------- collectives
+
+
+_AR_STAGES = ("intra_rs", "inter_rs", "inter_ag", "intra_ag")
+_RS_STAGES = ("intra_rs", "inter_rs")
+_AG_STAGES = ("inter_ag", "intra_ag")
+
+
+def _all_reduce(flat: torch.Tensor, topo: Topology, algo: str, op: str, chunk_bytes: int) -> None:
+    world = topo.world_size
+    scale = world if op == "avg" else None
+    if algo == "native":
+        reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
+        dist.all_reduce(flat, op=reduce_op, group=topo.global_group)
+        return
+    # for an all-reduce any block ownership will do; the nested one makes every intra
+    # piece one contiguous range
+    block_of = [shard_block(topo, r, "nested") for r in range(world)]
+    count = _chunk_count(
+        algo, flat.numel() * flat.element_size(), flat.numel() // world, chunk_bytes
+    )
+    chunks = [_split(a, b, world) for a, b in _split(0, flat.numel(), count)]
+    if algo == "ring":
+        _flat_ring(flat, topo, chunks[0], block_of, ("rs", "ag"), scale)
+        return
+    _run(_stages(flat, topo, block_of, _AR_STAGES, scale), chunks, pipelined=algo == "horing")
+
+
+def _flat_ring(
+    flat: torch.Tensor,
+    topo: Topology,
+    blocks: list[Range],
+    block_of: list[int],
+    phases: tuple[str, ...],
+    scale: float | None,
+) -> None:
+    ring = list(range(topo.world_size))
+    pieces = [[blocks[block_of[r]]] for r in ring]
+    if "rs" in phases:
+        _ring_reduce_scatter(flat, pieces, ring, topo.global_group)
+        if scale is not None:
+            a, b = blocks[block_of[dist.get_rank()]]
+            flat[a:b].div_(scale)
+    if "ag" in phases:
+        _ring_all_gather(flat, pieces, ring, topo.global_group)
+
+
+def _block_chunks(shard: int, world: int, count: int) -> list[list[Range]]:
+    """Chunk i of a buffer of `world` blocks of `shard` elements: sub-range i of every block."""
+    subs = _split(0, shard, count)
+    return [[(b * shard + a, b * shard + z) for b in range(world)] for a, z in subs]
+
+
+def _reduce_scatter(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    topo: Topology,
+    algo: str,
+    op: str,
+    layout: str,
+    chunk_bytes: int,
+) -> None:
+    world, shard = topo.world_size, output.numel()
+    block_of = [shard_block(topo, r, layout) for r in range(world)]
+    me = dist.get_rank()
+    # reduce in a zero-padded copy: the input stays intact and every block has `shard` elements
+    work = input.new_zeros(world * shard)
+    if algo == "native":
+        # torch hands block r to rank r, so lay the blocks out in rank order
+        for r in range(world):
+            a, b = shard_range(input.numel(), topo, r, layout)
+            work[r * shard : r * shard + b - a].copy_(input[a:b])
+        reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
+        dist.reduce_scatter_single(output, work, op=reduce_op, group=topo.global_group)
+        return
+    work[: input.numel()].copy_(input)
+    scale = world if op == "avg" else None
+    count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
+    chunks = _block_chunks(shard, world, count)
+    if algo == "ring":
+        _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale)
+    else:
+        _run(_stages(work, topo, block_of, _RS_STAGES, scale), chunks, pipelined=algo == "horing")
+    mine = block_of[me] * shard
+    output.copy_(work[mine : mine + shard])
+
+
+def _all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    topo: Topology,
+    algo: str,
+    layout: str,
+    chunk_bytes: int,
+) -> None:
+    world, shard, numel = topo.world_size, input.numel(), output.numel()
+    block_of = [shard_block(topo, r, layout) for r in range(world)]
+    me = dist.get_rank()
+    padded = world * shard == numel and (algo != "native" or layout == "rank")
+    work = output if padded else output.new_empty(world * shard)
+    if algo == "native":
+        dist.all_gather_single(work, input, group=topo.global_group)
+        if work is not output:
+            for r in range(world):
+                a, b = shard_range(numel, topo, r, layout)
+                output[a:b].copy_(work[r * shard : r * shard + b - a])
+        return
+    mine = block_of[me] * shard
+    work[mine : mine + shard].copy_(input)
+    count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
+    chunks = _block_chunks(shard, world, count)
+    if algo == "ring":
+        _flat_ring(work, topo, chunks[0], block_of, ("ag",), None)
+    else:
+        _run(_stages(work, topo, block_of, _AG_STAGES, None), chunks, pipelined=algo == "horing")
+    if work is not output:
+        output.copy_(work[:numel])
