@@ -253,18 +253,18 @@ class Checkpointer:
             self._buffers.notify()
 
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CheckpointError(f"a background checkpoint write failed: {self._error!r}") from (
-                self._error
-            )
+        """Raise a background failure once; later saves are still attempted (a full disk may
+        have been cleared), and a checkpoint that failed simply never gets its manifest."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(f"a background checkpoint write failed: {error!r}") from error
 
     def _persist_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                if self._error is None:
-                    self._persist(job)
-            except BaseException as e:  # surfaced to the caller by the next save() or wait()
-                self._error = e
+                self._persist(job)
+            except Exception as e:  # raised to the caller by the next save(), wait() or close()
+                self._error = self._error or e
             finally:
                 self._release(job.staging)
                 self._jobs.task_done()

@@ -1,0 +1,187 @@
+"""Flash saves: the caller blocks only for the copy, a thread persists, wait() flushes;
+retention and pinning; the memory tier survives the process that wrote it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine.checkpoint.writer as writer
+from engine.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    list_checkpoints,
+    load,
+    pin,
+    read_extras,
+    unpin,
+)
+from engine.runtime.spec import CheckpointSpec
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[3]
+
+
+def state(value: float, n: int = 100) -> dict:
+    return {"w": (torch.full((n,), value), 0, n)}
+
+
+def steps_in(directory: Path) -> list[int]:
+    return [info.step for info in list_checkpoints(directory) if info.good]
+
+
+def test_persisting_runs_on_the_background_thread_and_wait_flushes(tmp_path, monkeypatch):
+    release, writers = threading.Event(), []
+    real_write = writer.write_atomic
+
+    def gated_write(path, chunks, tmp_tag):
+        writers.append(threading.current_thread().name)
+        release.wait(timeout=30)
+        real_write(path, chunks, tmp_tag)
+
+    monkeypatch.setattr(writer, "write_atomic", gated_write)
+    ckpt = Checkpointer(tmp_path, memory_dir=None)
+    ckpt.save(1, state(1.0))  # returns although the writer is held
+    assert ckpt.pending == 1 and steps_in(tmp_path) == []
+    release.set()
+    ckpt.wait()
+    assert ckpt.pending == 0 and steps_in(tmp_path) == [1]
+    assert set(writers) == {"checkpoint-persist-r0"}
+    ckpt.close()
+
+
+def test_a_save_is_a_snapshot_the_caller_may_change_right_after(tmp_path):
+    ckpt = Checkpointer(tmp_path, memory_dir=None)
+    shard = torch.arange(10.0)
+    extras = {"data_position": 7}
+    ckpt.save(1, {"w": (shard, 0, 10)}, extras)
+    shard.add_(100)
+    extras["data_position"] = 8
+    ckpt.close()
+    assert torch.equal(load(tmp_path, {"w": [(0, 10)]})["w"][0], torch.arange(10.0))
+    assert read_extras(tmp_path, 0) == {"data_position": 7}
+
+
+def test_retention_keeps_the_newest_and_the_pinned(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=2, memory_dir=None)
+    ckpt.save(1, state(1))
+    ckpt.wait()
+    pin(tmp_path / "step-000001")
+    for step in (2, 3, 4):
+        ckpt.save(step, state(step))
+    ckpt.wait()
+    assert steps_in(tmp_path) == [1, 3, 4]
+    unpin(tmp_path / "step-000001")
+    ckpt.save(5, state(5))
+    ckpt.close()
+    assert steps_in(tmp_path) == [4, 5]
+
+
+def test_memory_saves_go_to_the_memory_tier_only(tmp_path):
+    ckpt = Checkpointer(tmp_path / "disk", memory_dir=tmp_path / "mem", memory_keep=1)
+    ckpt.save(1, state(1), to_disk=True)
+    ckpt.save(2, state(2), to_disk=False)
+    ckpt.close()
+    assert steps_in(tmp_path / "disk") == [1]
+    assert steps_in(tmp_path / "mem") == [2]
+
+
+def test_resaving_a_step_replaces_it_atomically(tmp_path):
+    """After a rollback the run reaches the same step again with other values."""
+    ckpt = Checkpointer(tmp_path, memory_dir=None)
+    ckpt.save(5, state(1.0))
+    ckpt.save(5, state(2.0), {"timeline": 2})
+    ckpt.close()
+    assert load(tmp_path, {"w": [(0, 100)]})["w"][0].eq(2.0).all()
+    assert len(list((tmp_path / "step-000005").glob("*.bin"))) == 1
+
+
+def test_forget_after_drops_the_abandoned_timeline_in_both_tiers(tmp_path):
+    ckpt = Checkpointer(tmp_path / "disk", memory_dir=tmp_path / "mem", keep=5, memory_keep=5)
+    for step in (10, 20, 30):
+        ckpt.save(step, state(step))
+    ckpt.forget_after(20)
+    ckpt.close()
+    assert steps_in(tmp_path / "disk") == steps_in(tmp_path / "mem") == [10, 20]
+
+
+def test_schedule_from_the_job_spec(tmp_path):
+    spec = CheckpointSpec(every=10, keep=2, memory_every=5, dir=str(tmp_path))
+    ckpt = Checkpointer.from_spec(spec, "run", rank=0, world_size=1)
+    assert [ckpt.due(s) for s in (5, 10, 11)] == ["memory", "disk", None]
+    assert ckpt.directory == tmp_path and ckpt.keep == 2
+    assert ckpt.memory_dir is not None and str(ckpt.memory_dir).startswith(("/dev/shm", "/tmp"))
+    ckpt.close()
+    no_memory = Checkpointer.from_spec(CheckpointSpec(dir=str(tmp_path)), "run", rank=0,
+                                       world_size=1)
+    assert no_memory.memory_dir is None and no_memory.due(5) is None
+    with pytest.raises(CheckpointError, match="to_disk=False needs a memory tier"):
+        no_memory.save(5, state(1), to_disk=False)
+    no_memory.close()
+
+
+def test_bad_input_is_named(tmp_path):
+    ckpt = Checkpointer(tmp_path, memory_dir=None)
+    with pytest.raises(TypeError, match=r"tensors\['w'\] must be \(shard, global_offset"):
+        ckpt.save(1, {"w": torch.zeros(3)})
+    with pytest.raises(ValueError, match=r"tensors\['w'\]: shard of 3 elements at offset 2"):
+        ckpt.save(1, {"w": (torch.zeros(3), 2, 4)})
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        ckpt.save(-1, state(1))
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        Checkpointer(tmp_path, rank=2, world_size=2, run_id="x")
+    ckpt.close()
+
+
+def test_a_failed_background_write_is_raised_by_wait(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    ckpt = Checkpointer(not_a_dir, memory_dir=None)
+    ckpt.save(1, state(1))
+    with pytest.raises(CheckpointError, match="background checkpoint write failed"):
+        ckpt.wait()
+    ckpt.close()  # the failure was reported once; closing is clean
+
+
+def test_a_tensor_nobody_saved_whole_is_refused_at_commit(tmp_path):
+    ranks = [Checkpointer(tmp_path, rank=r, world_size=2, run_id="gap", memory_dir=None)
+             for r in range(2)]
+    ranks[0].save(1, {"w": (torch.zeros(4), 0, 10)})
+    ranks[1].save(1, {"w": (torch.zeros(4), 6, 10)})
+    errors = []
+    for ckpt in ranks:  # whichever rank finishes last finds the gap when committing
+        try:
+            ckpt.close()
+        except CheckpointError as e:
+            errors.append(str(e))
+    assert errors and "'w': no rank saved elements [4, ...) of 10" in errors[0]
+    assert steps_in(tmp_path) == []
+
+
+LOAD_IN_A_NEW_PROCESS = """
+import sys, torch
+from engine.checkpoint import restore
+target = torch.empty(100)
+restored = restore([sys.argv[1]], {"w": (target, 0, 100)})
+print(restored.step, target.sum().item(), restored.extras()["data_position"])
+"""
+
+
+def test_the_memory_tier_is_readable_by_a_new_process(tmp_path):
+    memory_dir = Path("/dev/shm") / f"ringside-test-{uuid.uuid4().hex}"
+    try:
+        ckpt = Checkpointer(tmp_path, memory_dir=memory_dir)
+        ckpt.save(7, state(3.0), {"data_position": 42}, to_disk=False)
+        ckpt.close()
+        out = subprocess.run([sys.executable, "-c", LOAD_IN_A_NEW_PROCESS, str(memory_dir)],
+                             cwd=REPO, capture_output=True, text=True, check=True, timeout=120)
+        assert out.stdout.split() == ["7", "300.0", "42"]
+    finally:
+        shutil.rmtree(memory_dir, ignore_errors=True)
