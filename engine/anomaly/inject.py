@@ -1,0 +1,85 @@
+"""Fault injection from the job spec's `faults.inject`, for tests and demos.
+
+The loop calls the hooks at fixed places of every step; each does nothing unless an
+injection targets this rank and step:
+
+    injector.crash_point(step)                  # step start: os._exit(INJECTED_CRASH_EXIT_CODE)
+    with timer.op("forward"), injector.slowdown(step):   # slow_rank: the op takes factor x
+        loss = model(...)
+        injector.hang_point(step)               # hang: block this thread forever
+    loss = injector.corrupt_loss(step, loss)    # loss_spike: loss * factor; nan: NaN
+    loss.backward()                             # (so the gradients spike or go NaN too)
+
+loss_spike, nan, hang and crash are transient: they fire once per job. With `state_dir` (the
+run folder) the firing is remembered in a marker file, so a rank restarted after an injected
+crash, or a step replayed after a rollback, runs clean. slow_rank lasts from its step on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.runtime.spec import FaultInjection
+
+INJECTED_CRASH_EXIT_CODE = 86
+
+
+class FaultInjector:
+    def __init__(self, injections: list[FaultInjection], rank: int,
+                 state_dir: Path | None = None):
+        self.rank = rank
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        # keep each injection's index in the spec: it names its marker file
+        self._mine = [(i, inj) for i, inj in enumerate(injections) if inj.rank == rank]
+        self._fired: set[int] = set()
+
+    def _take(self, kind: str, step: int) -> FaultInjection | None:
+        """The one-shot injection of `kind` due now, marked as fired."""
+        for i, inj in self._mine:
+            if inj.kind == kind and inj.step == step and not self._has_fired(i):
+                self._fired.add(i)
+                if self.state_dir is not None:
+                    self.state_dir.mkdir(parents=True, exist_ok=True)
+                    (self.state_dir / f"injected-{i}-{kind}").touch()
+                return inj
+        return None
+
+    def _has_fired(self, i: int) -> bool:
+        if i in self._fired:
+            return True
+        return self.state_dir is not None and any(self.state_dir.glob(f"injected-{i}-*"))
+
+    def corrupt_loss(self, step: int, loss: Any) -> Any:
+        """The loss, multiplied by the factor (loss_spike) or made NaN (nan) when due."""
+        spike = self._take("loss_spike", step)
+        if spike is not None:
+            loss = loss * spike.factor
+        if self._take("nan", step) is not None:
+            loss = loss * float("nan")
+        return loss
+
+    @contextmanager
+    def slowdown(self, step: int) -> Iterator[None]:
+        """Around an op: from a slow_rank injection's step on, stretch the op to factor x."""
+        factor = max((inj.factor for _, inj in self._mine
+                      if inj.kind == "slow_rank" and step >= inj.step), default=1.0)
+        start = time.perf_counter()
+        yield
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * (time.perf_counter() - start))
+
+    def hang_point(self, step: int) -> None:
+        """Block this thread for good when a hang is due (the watchdog thread keeps running)."""
+        if self._take("hang", step) is not None:
+            threading.Event().wait()
+
+    def crash_point(self, step: int) -> None:
+        """Kill this process at once, without cleanup, when a crash is due."""
+        if self._take("crash", step) is not None:
+            os._exit(INJECTED_CRASH_EXIT_CODE)

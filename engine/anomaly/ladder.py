@@ -1,0 +1,156 @@
+"""The response ladder: which action answers an anomaly, escalating on repeats, with caps.
+
+    ladder = ResponseLadder(spec.faults.policy)
+    for d in ladder.decide(agreed_anomalies, step, now):      # identical input on every rank
+        events.emit("action", step, **d.event_fields())       # rank 0
+    # carry out decisions[0].action (the strongest); the rest are recorded
+
+Each kind has a ladder of actions (DEFAULT_LADDERS, overridden per kind by
+`faults.policy.actions`). The first anomaly of a kind takes the first rung; another of the
+same kind within `reset_after` steps takes the next one; `reset_after` quiet steps start
+over. Caps (spec §7): at most `retries_per_step` retries of a step, `rollbacks_per_hour`
+rollbacks, `max_restarts` restarts in the job; a capped rung is passed over for the next one,
+and past the top the job pauses for a person.
+
+What the loop does for each action: observe - record only; skip_update - drop this step's
+gradients and do not step the optimizer; retry_step - drop them and run the same step on the
+same data again; lr_cut - redo the step with the learning rate times `lr_factor`; checkpoint -
+save now; rollback - load the last good checkpoint and skip the data window since then;
+restart - restart the ranks from the last checkpoint; pause - checkpoint, stop, wait for a
+person.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.anomaly.anomaly import KINDS, Anomaly
+from engine.runtime.spec import FaultPolicy, SpecError
+
+# weakest to strongest: when several decisions share a step, the loop carries out the last
+ACTIONS = ("observe", "resume", "skip_update", "retry_step", "lr_cut", "checkpoint", "rollback",
+           "reshard", "restart", "pause", "cancel")
+LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
+
+DEFAULT_LADDERS: dict[str, list[str]] = {
+    "nan": ["skip_update", "rollback", "pause"],  # two in a row -> roll back (spec §6 A1)
+    "loss_spike": ["skip_update", "retry_step", "lr_cut", "rollback", "pause"],  # Ling §8
+    "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
+    "throughput_drop": ["observe"],
+    "straggler": ["observe", "restart", "pause"],
+    "hang": ["restart", "pause"],
+    "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
+    "memory_growth": ["observe", "checkpoint", "pause"],
+    "crash": ["restart", "pause"],
+}
+
+
+def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
+    errors: dict[str, str] = {}
+    ladders = {kind: list(actions) for kind, actions in DEFAULT_LADDERS.items()}
+    for kind, actions in policy.actions.items():
+        path = f"faults.policy.actions.{kind}"
+        if kind not in KINDS:
+            errors[path] = f"unknown anomaly kind; valid: {', '.join(KINDS)}"
+        elif not actions:
+            errors[path] = "must list at least one action"
+        else:
+            bad = {i: a for i, a in enumerate(actions) if a not in LADDER_ACTIONS}
+            for i, action in bad.items():
+                errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
+                                         f"{', '.join(LADDER_ACTIONS)}")
+            if not bad:
+                ladders[kind] = list(actions)
+    if errors:
+        raise SpecError(errors)
+    return ladders
+
+
+@dataclass
+class Decision:
+    action: str
+    anomaly: str  # the kind it answers
+    step: int
+    rung: int  # 0-based position reached on the kind's ladder
+    rank: int | None = None
+    reason: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def event_fields(self) -> dict[str, Any]:
+        """Fields of the `action` event: `events.emit("action", d.step, **d.event_fields())`."""
+        return {"action": self.action, "anomaly": self.anomaly, "rung": self.rung,
+                "rank": self.rank, "by": "policy", "reason": self.reason, **self.params}
+
+
+class ResponseLadder:
+    def __init__(self, policy: FaultPolicy | None = None, reset_after: int = 100,
+                 retries_per_step: int = 1, rollbacks_per_hour: int = 2,
+                 lr_factor: float = 0.1):
+        policy = policy or FaultPolicy()
+        self.ladders = policy_ladders(policy)
+        self.max_restarts = policy.max_restarts
+        self.reset_after = reset_after
+        self.retries_per_step = retries_per_step
+        self.rollbacks_per_hour = rollbacks_per_hour
+        self.lr_factor = lr_factor
+        self.rung: dict[str, int] = {}
+        self.last_step: dict[str, int] = {}
+        self.retries: dict[int, int] = {}  # step -> retries taken
+        self.rollback_times: list[float] = []
+        self.restarts = 0
+
+    def decide(self, anomalies: list[Anomaly], step: int, now: float) -> list[Decision]:
+        """One decision per anomaly kind present, strongest first. `now` is wall-clock seconds
+        agreed by all ranks (`agree_anomalies` returns it), so caps decide alike everywhere."""
+        decisions = []
+        first_of_kind: dict[str, Anomaly] = {}
+        for a in anomalies:
+            first_of_kind.setdefault(a.kind, a)
+        for kind in sorted(first_of_kind, key=KINDS.index):
+            ladder = self.ladders[kind]
+            last = self.last_step.get(kind)
+            repeat = last is not None and step - last <= self.reset_after
+            rung = self.rung.get(kind, -1) + 1 if repeat else 0
+            reason = "repeat within the window" if repeat and rung else "first occurrence"
+            while rung < len(ladder) and self._capped(ladder[rung], step, now):
+                reason = f"{ladder[rung]} capped"
+                rung += 1
+            action = ladder[rung] if rung < len(ladder) else "pause"
+            self.rung[kind] = min(rung, len(ladder) - 1)
+            self.last_step[kind] = step
+            self._use(action, step, now)
+            params = {"lr_factor": self.lr_factor} if action == "lr_cut" else {}
+            decisions.append(Decision(action, kind, step, rung, first_of_kind[kind].rank,
+                                      reason, params))
+        return sorted(decisions, key=lambda d: ACTIONS.index(d.action), reverse=True)
+
+    def _capped(self, action: str, step: int, now: float) -> bool:
+        if action == "retry_step":
+            return self.retries.get(step, 0) >= self.retries_per_step
+        if action == "rollback":
+            recent = [t for t in self.rollback_times if now - t < 3600]
+            return len(recent) >= self.rollbacks_per_hour
+        if action == "restart":
+            return self.restarts >= self.max_restarts
+        return False
+
+    def _use(self, action: str, step: int, now: float) -> None:
+        if action == "retry_step":
+            self.retries = {step: self.retries.get(step, 0) + 1}  # only the current step counts
+        elif action == "rollback":
+            self.rollback_times = [t for t in self.rollback_times if now - t < 3600] + [now]
+        elif action == "restart":
+            self.restarts += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rung": dict(self.rung), "last_step": dict(self.last_step),
+                "retries": {str(k): v for k, v in self.retries.items()},
+                "rollback_times": list(self.rollback_times), "restarts": self.restarts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rung = dict(state["rung"])
+        self.last_step = dict(state["last_step"])
+        self.retries = {int(k): v for k, v in state["retries"].items()}
+        self.rollback_times = list(state["rollback_times"])
+        self.restarts = int(state["restarts"])

@@ -1,0 +1,129 @@
+"""Cross-rank aggregation of step timings into the body of one `ops` event.
+
+Each step every rank contributes one fixed-size float64 row: a few per-rank numbers and five
+numbers per op, in an op order all ranks agree on. One `all_gather` of those rows is the
+whole per-step exchange. Op names travel only when some rank has a name the agreed list
+lacks (the first steps, or a new op): then ranks exchange names and metadata once with
+`all_gather_object` and repeat the gather.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.xputimer.timer import OpStats, StepTimings
+
+_RANK_FIELDS = ("new_names", "step_ms", "compute_ms", "comm_ms", "data_ms", "void_share")
+_OP_FIELDS = ("count", "total_ms", "max_call_ms", "work", "bus_bytes")
+
+
+class OpAggregator:
+    """Call `aggregate(timings)` on every rank of `group` each step (it is collective)."""
+
+    def __init__(self, group: Any = None):
+        self.group = group
+        self.names: list[str] = []  # the agreed op order
+        self.meta: dict[str, dict[str, str]] = {}
+
+    def aggregate(self, timings: StepTimings) -> dict[str, Any]:
+        """The `ops` event body, identical on every rank:
+
+        {step, step_ms, void_share, data_wait_share,
+         ops: {name: {kind, count, mean_ms, total_ms, min_ms, median_ms, max_ms, max_call_ms,
+                      slowest_rank, per_rank_ms, [tflops], [bytes, group, algo, busbw_gbps]}},
+         ranks: [{rank, step_ms, compute_ms, comm_ms, data_ms, void_share}]}
+        total_ms is the mean over ranks of each rank's time in the op this step; min/median/
+        max_ms and slowest_rank are across ranks.
+        """
+        rows = self._gather(timings)
+        if rows[:, 0].max() > 0:  # some rank has an op the agreed list lacks
+            self._agree_names(timings)
+            rows = self._gather(timings)
+        return self._summarise(timings.step, rows)
+
+    def _row(self, timings: StepTimings) -> torch.Tensor:
+        new = any(name not in self.meta for name in timings.ops)
+        row = [float(new), timings.step_ms, timings.compute_ms, timings.comm_ms,
+               timings.data_ms, timings.void_share]
+        for name in self.names:
+            s = timings.ops.get(name)
+            row += ([s.count, s.total_ms, s.max_ms, s.flops or s.nbytes, s.bus_bytes]
+                    if s else [0.0] * len(_OP_FIELDS))
+        return torch.tensor(row, dtype=torch.float64)
+
+    def _gather(self, timings: StepTimings) -> torch.Tensor:
+        row = self._row(timings)
+        if not dist.is_initialized():
+            return row[None]
+        rows = [torch.empty_like(row) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(rows, row, group=self.group)
+        return torch.stack(rows)
+
+    def _agree_names(self, timings: StepTimings) -> None:
+        mine = {name: _meta(s) for name, s in timings.ops.items()}
+        if dist.is_initialized():
+            everyone: list[Any] = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(everyone, mine, group=self.group)
+        else:
+            everyone = [mine]
+        for metas in everyone:
+            for name, meta in metas.items():
+                self.meta.setdefault(name, meta)
+        self.names = sorted(self.meta)
+
+    def _summarise(self, step: int, rows: torch.Tensor) -> dict[str, Any]:
+        ranks = self._group_ranks(rows.shape[0])
+        k = len(_RANK_FIELDS)
+        ops: dict[str, Any] = {}
+        for j, name in enumerate(self.names):
+            block = rows[:, k + j * len(_OP_FIELDS): k + (j + 1) * len(_OP_FIELDS)]
+            ran = (block[:, 0] > 0).nonzero().flatten().tolist()
+            if not ran:
+                continue
+            totals = [block[i, 1].item() for i in ran]
+            median = statistics.median(totals)
+            count = int(block[:, 0].max().item())
+            meta = self.meta[name]
+            entry: dict[str, Any] = {
+                "kind": meta["kind"], "count": count,
+                "total_ms": sum(totals) / len(totals), "mean_ms": median / count,
+                "min_ms": min(totals), "median_ms": median, "max_ms": max(totals),
+                "max_call_ms": block[:, 2].max().item(),
+                "slowest_rank": ranks[ran[totals.index(max(totals))]],
+                "per_rank_ms": block[:, 1].tolist(),
+            }
+            work = block[:, 3].max().item()
+            if meta["kind"] == "matmul":
+                entry["tflops"] = OpStats(name, "matmul", count, median, 0, 0,
+                                          flops=int(work)).tflops
+            elif meta["kind"] == "collective":
+                entry.update(bytes=int(work), group=meta["group"], algo=meta["algo"],
+                             collective=meta["collective"],
+                             busbw_gbps=OpStats(name, "collective", count, median, 0, 0,
+                                                bus_bytes=block[:, 4].max().item()).busbw_gbps)
+            ops[name] = entry
+        per_rank = [dict(zip(("rank", *_RANK_FIELDS[1:]), (r, *row[1:k].tolist()), strict=True))
+                    for r, row in zip(ranks, rows, strict=True)]
+        return {
+            "step": step,
+            "step_ms": rows[:, 1].max().item(),
+            "void_share": rows[:, 5].mean().item(),
+            "data_wait_share": (rows[:, 4] / rows[:, 1].clamp_min(1e-9)).mean().item(),
+            "ops": ops,
+            "ranks": per_rank,
+        }
+
+    def _group_ranks(self, n: int) -> list[int]:
+        if not dist.is_initialized():
+            return [0]
+        if self.group is None:
+            return list(range(n))
+        return [dist.get_global_rank(self.group, i) for i in range(n)]
+
+
+def _meta(s: OpStats) -> dict[str, str]:
+    return {"kind": s.kind, "group": s.group, "algo": s.algo, "collective": s.collective}
