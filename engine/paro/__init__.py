@@ -1,0 +1,30 @@
+"""PaRO sharded data parallelism: ten strategies, their flat-buffer engine and a planner.
+
+Reference: ../shared/specs/paro-horing.md. How the training loop uses it (every rank):
+
+    topo = Topology.from_env().init_groups()
+    dp = ShardedDataParallel(model, topo, "IIG", lr=3e-4, grad_accum=4, collective="native")
+    for step in ...:
+        for micro in range(4):
+            out = dp.forward_backward(input_ids, labels)     # out.loss, out.ce_loss
+        grad_norm = dp.step(lr=lr_at(step), grad_clip=1.0)   # global norm before clipping
+        dp.state_bytes()  # {params, grads, optim}: bytes held by this rank
+        dp.comm_stats()   # {intra_bytes, inter_bytes, intra_calls, inter_calls} of that step
+    # model-side updates between steps (MoE expert bias) use dp.module's buffers, which are
+    # replicated; parameters sharded at I or G are only materialised inside dp.full_parameters()
+
+Checkpoints: `dp.sharded_state()` -> {"params" | "exp_avg" | "exp_avg_sq": (tensor, offset,
+length)}: this rank's piece of each global flat buffer (parameters in `module.parameters()`
+order, no padding), disjoint across ranks; save `dp.adam_step` alongside. Restore into any
+strategy or world size with `dp.load_sharded_state(read)`, where `read(kind, offset, length)`
+returns those global elements, then set `dp.adam_step`.
+
+Planner: `plan(model_config, topology, memory_budget_bytes, grad_accum, links)` ranks every
+strategy; `python -m engine.paro.plan --help` prints it as a table.
+"""
+
+from engine.paro.layout import ShardLayout
+from engine.paro.sharded import ShardedDataParallel
+from engine.paro.strategy import STRATEGY_NAMES, Strategy, parse_strategy
+
+__all__ = ["STRATEGY_NAMES", "ShardLayout", "ShardedDataParallel", "Strategy", "parse_strategy"]

@@ -1,0 +1,301 @@
+"""PaRO sharded data parallelism over flat buffers (../shared/specs/paro-horing.md 4-6).
+
+All parameters live in one flat buffer in `module.parameters()` order -- the same order for
+every strategy and world size, so global offsets mean the same thing everywhere (checkpoints,
+resharding). Three copies of that buffer exist, each partitioned at its own level:
+
+- parameters (model dtype) at level p; when p is I or G the full buffer is gathered before
+  forward and again before backward, and its storage is freed after each (the parameters are
+  views into it, so autograd's saved references come back to life when it is re-filled);
+- gradient accumulator (model dtype) at level g;
+- fp32 master weights and the AdamW moments at level os.
+
+Each micro-step reduces the local gradient to level g; the boundary reduces it to level os,
+averages, clips on the global norm, steps AdamW on the owned shard and brings the parameters
+back to level p. Which collectives that takes is exactly the spec's section 5 table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engine.horing.topology import Topology
+from engine.paro.comm import Comm
+from engine.paro.layout import ShardLayout
+from engine.paro.strategy import parse_strategy
+
+STATE_KINDS = ("params", "exp_avg", "exp_avg_sq")
+
+
+class ShardedDataParallel:
+    def __init__(
+        self,
+        model: nn.Module,
+        topo: Topology,
+        strategy: str,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        grad_accum: int = 1,
+        collective: str = "native",
+    ):
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be at least 1, got {grad_accum}")
+        if lr < 0 or weight_decay < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(
+                f"need lr >= 0, weight_decay >= 0, eps > 0 and betas in [0, 1); got lr={lr}, "
+                f"weight_decay={weight_decay}, eps={eps}, betas={betas}"
+            )
+        params = list(model.parameters())
+        if not params:
+            raise ValueError("model: has no parameters to shard")
+        if any(not p.requires_grad for p in params):
+            raise ValueError("model: frozen parameters (requires_grad=False) are not supported")
+        if len({p.dtype for p in params}) != 1 or len({p.device for p in params}) != 1:
+            raise ValueError("model: all parameters must share one dtype and one device")
+
+        self.module = model
+        self.strategy = parse_strategy(strategy)
+        self.comm = Comm(topo, collective)
+        self.topo = topo
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.grad_accum = grad_accum
+        self.adam_step = 0  # AdamW's bias-correction count; save it with a checkpoint
+        self._micro_steps = 0
+        rank = dist.get_rank()
+        self._group, self._local = topo.node_of(rank), topo.local_rank_of(rank)
+        self._params = params
+        self._offsets = []
+        offset = 0
+        for p in params:
+            self._offsets.append(offset)
+            offset += p.numel()
+        self.layout = ShardLayout(offset, topo.nodes, topo.procs_per_node)
+
+        s, lay = self.strategy, self.layout
+        full = torch.zeros(lay.padded, dtype=params[0].dtype, device=params[0].device)
+        with torch.no_grad():
+            for p, off in zip(params, self._offsets, strict=True):
+                full[off : off + p.numel()].copy_(p.reshape(-1))
+        dist.broadcast(full, src=0)  # every rank starts from rank 0's initialisation
+        self._full = full
+        for p, off in zip(params, self._offsets, strict=True):
+            p.data = full[off : off + p.numel()].view_as(p)
+        self._param_shard = self._own(full, s.params).clone() if s.params != "N" else None
+        self._master = self._own(full, s.optim).to(torch.float32, copy=True)
+        self._exp_avg = torch.zeros_like(self._master)
+        self._exp_avg_sq = torch.zeros_like(self._master)
+        self._grad = full.new_zeros(lay.size(s.grads))
+        self._decay_ranges = self._owned_ranges(lambda p: p.ndim >= 2, s.optim)
+        if s.params != "N":
+            self._free_params()
+
+    # ---- the training loop's interface -------------------------------------------------
+
+    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        """One micro-step: forward, backward of loss / grad_accum, the micro-step collectives."""
+        if self._micro_steps == self.grad_accum:
+            raise RuntimeError(
+                f"forward_backward() called {self._micro_steps + 1} times before step(); "
+                f"grad_accum is {self.grad_accum}"
+            )
+        if self._micro_steps == 0:
+            self.comm.reset()  # comm_stats() covers one optimizer step
+        self._gather_params()
+        output = self.module(input_ids, labels)
+        self._free_params()
+        self._gather_params()
+        (output.loss / self.grad_accum).backward()
+        grad = self._take_local_grad()
+        self._free_params()
+        level = self.strategy.grads
+        if level == "I":
+            grad = self.comm.reduce_scatter("intra", grad)
+        elif level == "G":
+            grad = self.comm.reduce_scatter("inter", self.comm.reduce_scatter("intra", grad))
+        self._grad += grad
+        self._micro_steps += 1
+        return output
+
+    def step(self, lr: float, grad_clip: float) -> float:
+        """The accumulation boundary; returns the global gradient norm before clipping.
+
+        grad_clip <= 0 disables clipping.
+        """
+        if self._micro_steps != self.grad_accum:
+            raise RuntimeError(
+                f"step() after {self._micro_steps} forward_backward() calls; "
+                f"grad_accum is {self.grad_accum}"
+            )
+        s, comm = self.strategy, self.comm
+        grad = self._grad
+        if (s.grads, s.optim) == ("N", "N"):
+            grad = comm.all_gather(
+                "intra", comm.all_reduce("inter", comm.reduce_scatter("intra", grad))
+            )
+        elif (s.grads, s.optim) == ("N", "G"):
+            grad = comm.reduce_scatter("inter", comm.reduce_scatter("intra", grad))
+        elif (s.grads, s.optim) == ("I", "I"):
+            grad = comm.all_reduce("inter", grad.float())  # fp32 all-reduce, as in the spec
+        elif (s.grads, s.optim) == ("I", "G"):
+            grad = comm.reduce_scatter("inter", grad)
+        grad = grad.float().div_(self.topo.world_size)
+
+        # The global norm sums each element once: over the world for G shards, over the
+        # group for I shards (identical in every group), locally for replicated N.
+        norm_sq = grad.pow(2).sum()
+        if s.optim == "G":
+            dist.all_reduce(norm_sq)
+        elif s.optim == "I":
+            dist.all_reduce(norm_sq, group=self.topo.intra)
+        norm = float(norm_sq.sqrt())
+        if grad_clip > 0 and math.isfinite(norm):
+            grad.mul_(min(1.0, grad_clip / (norm + 1e-6)))
+        self._adamw(grad, lr)
+        self._sync_params()
+        self._grad.zero_()
+        self._micro_steps = 0
+        return norm
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds persistently for parameters, gradients and optimizer states."""
+        params = self._full if self.strategy.params == "N" else self._param_shard
+        optim = (self._master, self._exp_avg, self._exp_avg_sq)
+        return {
+            "params": _nbytes(params),
+            "grads": _nbytes(self._grad),
+            "optim": sum(_nbytes(t) for t in optim),
+        }
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes sent and collectives called per tier by this rank in the last optimizer step
+        (the bulk collectives of the schedule; the scalar grad-norm all-reduce is not counted)."""
+        return self.comm.stats.as_dict()
+
+    def sharded_state(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+        """{kind: (values, global offset, global length)} for params (fp32 master), exp_avg and
+        exp_avg_sq. Each rank returns its global block, so the world's pieces tile the buffer
+        exactly once whatever the strategy."""
+        lo, hi = self.layout.real_range("G", self._group, self._local)
+        base = self.layout.start(self.strategy.optim, self._group, self._local)
+        buffers = dict(
+            zip(STATE_KINDS, (self._master, self._exp_avg, self._exp_avg_sq), strict=True)
+        )
+        return {
+            k: (t[lo - base : hi - base].clone(), lo, self.layout.numel) for k, t in buffers.items()
+        }
+
+    def load_sharded_state(self, read: Callable[[str, int, int], torch.Tensor]) -> None:
+        """Fill this rank's shards from a checkpoint; `read(kind, offset, length)` returns the
+        global elements [offset, offset + length) of a kind. Set `adam_step` separately."""
+        s, lay = self.strategy, self.layout
+        for kind, target in zip(
+            STATE_KINDS, (self._master, self._exp_avg, self._exp_avg_sq), strict=True
+        ):
+            target.copy_(self._read_padded(read, kind, s.optim, target.numel()))
+        params = self._full if s.params == "N" else self._param_shard
+        params.copy_(self._read_padded(read, "params", s.params, lay.size(s.params)))
+        self._grad.zero_()
+        self._micro_steps = 0
+
+    @contextlib.contextmanager
+    def full_parameters(self) -> Iterator[nn.Module]:
+        """Gather the parameters for use outside a training step (evaluation, export)."""
+        self._gather_params()
+        try:
+            yield self.module
+        finally:
+            self._free_params()
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _own(self, full: torch.Tensor, level: str) -> torch.Tensor:
+        start = self.layout.start(level, self._group, self._local)
+        return full[start : start + self.layout.size(level)]
+
+    def _owned_ranges(self, predicate: Callable[[nn.Parameter], bool], level: str) -> list[slice]:
+        """Slices of this rank's level-`level` shard covering parameters that satisfy predicate."""
+        base, size = self.layout.start(level, self._group, self._local), self.layout.size(level)
+        ranges = []
+        for p, off in zip(self._params, self._offsets, strict=True):
+            lo, hi = max(off, base), min(off + p.numel(), base + size)
+            if lo < hi and predicate(p):
+                ranges.append(slice(lo - base, hi - base))
+        return ranges
+
+    def _read_padded(self, read: Callable, kind: str, level: str, size: int) -> torch.Tensor:
+        lo, hi = self.layout.real_range(level, self._group, self._local)
+        out = torch.zeros(size)
+        if hi > lo:
+            values = read(kind, lo, hi - lo)
+            if values.numel() != hi - lo:
+                raise ValueError(
+                    f"read({kind!r}, {lo}, {hi - lo}) returned {values.numel()} elements"
+                )
+            out[: hi - lo] = values.reshape(-1)
+        return out
+
+    def _gather_params(self) -> None:
+        level = self.strategy.params
+        if level == "N":
+            return
+        self._full.untyped_storage().resize_(self.layout.padded * self._full.element_size())
+        shard = self._param_shard
+        if level == "G":
+            shard = self.comm.all_gather("inter", shard)
+        self.comm.all_gather("intra", shard, out=self._full)
+
+    def _free_params(self) -> None:
+        if self.strategy.params != "N":
+            self._full.untyped_storage().resize_(0)
+
+    def _take_local_grad(self) -> torch.Tensor:
+        grad = self._full.new_zeros(self.layout.padded)
+        for p, off in zip(self._params, self._offsets, strict=True):
+            if p.grad is not None:
+                grad[off : off + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None
+        return grad
+
+    @torch.no_grad()
+    def _adamw(self, grad: torch.Tensor, lr: float) -> None:
+        """torch.optim.AdamW's arithmetic (single-tensor path) on the owned fp32 shard; weight
+        decay only on matrices (ndim >= 2), as nanoGPT does."""
+        beta1, beta2 = self.betas
+        self.adam_step += 1
+        for r in self._decay_ranges:
+            self._master[r].mul_(1 - lr * self.weight_decay)
+        self._exp_avg.lerp_(grad, 1 - beta1)
+        self._exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias1 = 1 - beta1**self.adam_step
+        bias2_sqrt = math.sqrt(1 - beta2**self.adam_step)
+        denom = (self._exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
+        self._master.addcdiv_(self._exp_avg, denom, value=-lr / bias1)
+
+    @torch.no_grad()
+    def _sync_params(self) -> None:
+        """Bring the updated master shard back to the parameters' level."""
+        s, comm = self.strategy, self.comm
+        values = self._master.to(self._full.dtype)
+        if s.params == s.optim:
+            (self._full if s.params == "N" else self._param_shard).copy_(values)
+        elif (s.params, s.optim) == ("N", "G"):
+            comm.all_gather("intra", comm.all_gather("inter", values), out=self._full)
+        elif (s.params, s.optim) == ("N", "I"):
+            comm.all_gather("intra", values, out=self._full)
+        elif (s.params, s.optim) == ("I", "G"):
+            comm.all_gather("inter", values, out=self._param_shard)
+        else:
+            raise AssertionError(f"no parameter sync from os={s.optim} to p={s.params}")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
