@@ -11,7 +11,7 @@ Saving (every rank, same steps):
 
 Loading into any layout and world size (every rank, collectively):
 
-    restored = restore([ckpt.memory_dir, ckpt.directory], new_sdp.sharded_state())
+    restored = restore([ckpt.memory_dir, ckpt.directory], lambda r: sdp.load_sharded_state(r.read))
     for bad in restored.skipped: emit anomaly(bad.path, bad.problem)
     extras = restored.extras(rank)      # or rank 0's for replicated facts
 
@@ -29,12 +29,22 @@ from engine.checkpoint.layout import (
     remove,
     unpin,
 )
-from engine.checkpoint.reader import Restored, Wants, load, load_into, read_extras, restore
+from engine.checkpoint.reader import (
+    CheckpointReader,
+    Restored,
+    Wants,
+    load,
+    load_into,
+    open_checkpoint,
+    read_extras,
+    restore,
+)
 from engine.checkpoint.writer import Checkpointer, ShardedState, default_memory_dir
 
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointReader",
     "Checkpointer",
     "CorruptCheckpoint",
     "Restored",
@@ -46,6 +56,7 @@ __all__ = [
     "list_checkpoints",
     "load",
     "load_into",
+    "open_checkpoint",
     "pin",
     "read_extras",
     "remove",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,49 +50,34 @@ def resolve(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointIn
     return info
 
 
+def open_checkpoint(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointReader:
+    """A reader of one checkpoint (use as a context manager to close its files)."""
+    return CheckpointReader(resolve(checkpoint))
+
+
 def load_into(checkpoint: str | os.PathLike[str] | CheckpointInfo, targets: ShardedState) -> None:
     """Fill each target shard in place with its global range of the saved tensor.
 
     `targets` has the shape `save()` takes (name -> (shard, global offset, global length)),
     e.g. the new layout's `sharded_state()`, so its buffers receive the restored values.
     """
-    with _Reader(resolve(checkpoint)) as reader:
-        for name, value in targets.items():
-            if not (isinstance(value, tuple) and len(value) == 3):
-                raise TypeError(f"targets[{name!r}] must be (shard, global_offset, global_length)")
-            shard, offset, length = value
-            reader.check(name, shard.dtype, length)
-            reader.read_into(name, offset, shard)
+    with open_checkpoint(checkpoint) as reader:
+        reader.fill(targets)
 
 
 def load(checkpoint: str | os.PathLike[str] | CheckpointInfo, wants: Wants) -> dict[str, list]:
     """New flat tensors holding the wanted `(global offset, length)` ranges of each tensor."""
-    out: dict[str, list[torch.Tensor]] = {}
-    with _Reader(resolve(checkpoint)) as reader:
-        for name, ranges in wants.items():
-            entry = reader.check(name, None, None)
-            dtype = getattr(torch, entry["dtype"])
-            out[name] = []
-            for offset, length in ranges:
-                tensor = torch.empty(length, dtype=dtype)
-                reader.read_into(name, offset, tensor)
-                out[name].append(tensor)
-    return out
+    with open_checkpoint(checkpoint) as reader:
+        return {
+            name: [reader.read(name, offset, length) for offset, length in ranges]
+            for name, ranges in wants.items()
+        }
 
 
 def read_extras(checkpoint: str | os.PathLike[str] | CheckpointInfo, rank: int) -> Any:
     """The extras object that saved `rank` passed to `save()` (checksum-checked)."""
-    info = resolve(checkpoint)
-    parts = {p["rank"]: p for p in info.manifest["parts"]}
-    if rank not in parts:
-        raise CheckpointError(
-            f"rank {rank} is not in {info.path}: it was saved by {info.world_size} ranks"
-        )
-    extras = parts[rank]["extras"]
-    buffer = bytearray(extras["nbytes"])
-    with _Reader(info) as reader:
-        reader.read_bytes(rank, extras["byte_offset"], memoryview(buffer))
-    return pickle.loads(buffer)
+    with open_checkpoint(checkpoint) as reader:
+        return reader.extras(rank)
 
 
 @dataclass
@@ -112,9 +98,15 @@ class Restored:
 
 
 def restore(
-    directories: list[str | os.PathLike[str]], targets: ShardedState, *, group: Any = None
+    directories: list[str | os.PathLike[str]],
+    targets: ShardedState | Callable[[CheckpointReader], None],
+    *,
+    group: Any = None,
 ) -> Restored:
     """Load the newest checkpoint that every rank can read into `targets`.
+
+    `targets` is either a sharded state whose shards are filled in place, or a function
+    given the open `CheckpointReader`, e.g. `lambda r: sdp.load_sharded_state(r.read)`.
 
     Candidates are all checkpoints in `directories`, newest first (at equal steps the earlier
     directory first, so pass the memory tier first). Collective when torch.distributed is
@@ -133,7 +125,11 @@ def restore(
     for info in candidates:
         if info.good:
             try:
-                load_into(info, targets)
+                with CheckpointReader(info) as reader:
+                    if isinstance(targets, dict):
+                        reader.fill(targets)
+                    else:
+                        targets(reader)
             except CorruptCheckpoint as e:
                 info.good, info.problem = False, str(e)
             failed_somewhere = _any_rank(not info.good, group)
@@ -167,8 +163,8 @@ def _any_rank(flag: bool, group: Any) -> bool:
     return bool(value.item())
 
 
-class _Reader:
-    """Reads checksum-checked byte ranges of one checkpoint's per-rank files."""
+class CheckpointReader:
+    """Reads checksum-checked ranges of one checkpoint's tensors from the saved ranks' files."""
 
     def __init__(self, info: CheckpointInfo) -> None:
         self.info = info
@@ -187,12 +183,40 @@ class _Reader:
         self.cached: tuple[int, int] | None = None  # (rank, block index) held in self.block
         self.cached_len = 0
 
-    def __enter__(self) -> _Reader:
+    def __enter__(self) -> CheckpointReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         for fd in self.files.values():
             os.close(fd)
+
+    def read(self, name: str, offset: int, length: int) -> torch.Tensor:
+        """A new flat tensor with elements [offset, offset + length) of tensor `name`."""
+        entry = self.check(name, None, None)
+        tensor = torch.empty(length, dtype=getattr(torch, entry["dtype"]))
+        self.read_into(name, offset, tensor)
+        return tensor
+
+    def fill(self, targets: ShardedState) -> None:
+        """Fill every (shard, global offset, global length) of `targets` in place."""
+        for name, value in targets.items():
+            if not (isinstance(value, tuple) and len(value) == 3):
+                raise TypeError(f"targets[{name!r}] must be (shard, global_offset, global_length)")
+            shard, offset, length = value
+            self.check(name, shard.dtype, length)
+            self.read_into(name, offset, shard)
+
+    def extras(self, rank: int) -> Any:
+        """The extras object that saved `rank` passed to `save()`."""
+        if rank not in self.parts:
+            raise CheckpointError(
+                f"rank {rank} is not in {self.info.path}: it was saved by "
+                f"{self.info.world_size} ranks"
+            )
+        extras = self.parts[rank]["extras"]
+        buffer = bytearray(extras["nbytes"])
+        self.read_bytes(rank, extras["byte_offset"], memoryview(buffer))
+        return pickle.loads(buffer)
 
     def check(self, name: str, dtype: torch.dtype | None, length: int | None) -> dict[str, Any]:
         entry = self.tensors.get(name)

@@ -121,6 +121,21 @@ def test_load_returns_any_ranges_and_each_saved_rank_keeps_its_extras(tmp_path):
     assert [read_extras(tmp_path, r)["rank"] for r in range(4)] == [0, 1, 2, 3]
 
 
+def test_restore_hands_a_reader_to_a_loader_that_asks_by_range(tmp_path):
+    """The shape of ShardedDataParallel.load_sharded_state(read): read(name, offset, length)."""
+    save_simulated_world(tmp_path, nodes=2, procs=2, step=5)
+    full, asked = full_state(5), []
+
+    def load_sharded_state(read):
+        for name in ("params", "exp_avg"):
+            asked.append(read(name, 100, 500))
+
+    restored = restore([tmp_path], load_sharded_state)
+    assert restored.step == 5
+    assert torch.equal(asked[0], full["params"][100:600])
+    assert torch.equal(asked[1], full["exp_avg"][100:600])
+
+
 def test_loading_reads_only_the_blocks_that_hold_the_wanted_range(tmp_path, monkeypatch):
     length = 3 * BLOCK_BYTES // 4 * 2  # 2 ranks x 3 blocks of float32 each
     full = torch.randn(length)
