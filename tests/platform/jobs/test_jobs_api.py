@@ -1,0 +1,129 @@
+"""The jobs REST API: auth, spec validation, ownership, cancel conflicts, metrics, schema."""
+
+import pytest
+from jobs.models import Job, State
+from monitor.ingest import store_events
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_token_is_issued_for_a_username_and_password(user):
+    client = APIClient()
+    ok = client.post("/api/auth/token/", {"username": "ada", "password": "pw-ada-123"},
+                     format="json")
+    assert ok.status_code == 200 and len(ok.json()["token"]) == 40
+    wrong = client.post("/api/auth/token/", {"username": "ada", "password": "nope"},
+                        format="json")
+    assert wrong.status_code == 400
+
+
+@pytest.mark.parametrize("method, path", [
+    ("get", "/api/jobs/"), ("post", "/api/jobs/"), ("get", "/api/jobs/1/"),
+    ("post", "/api/jobs/1/cancel/"), ("get", "/api/jobs/1/metrics/"),
+])
+def test_unauthenticated_requests_get_401(method, path):
+    response = getattr(APIClient(), method)(path)
+    assert response.status_code == 401
+    bad_token = APIClient()
+    bad_token.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
+    assert getattr(bad_token, method)(path).status_code == 401
+
+
+def test_create_stores_the_normalised_spec_and_returns_the_job(api, small_spec):
+    response = api.post("/api/jobs/", small_spec, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert {"id", "name", "state", "step", "spec", "owner", "created_at"} <= set(body)
+    assert (body["name"], body["state"], body["step"], body["owner"]) == ("t", "queued", 0, "ada")
+    # every default is filled in, so the stored spec is exactly what the engine will run
+    assert body["spec"]["train"]["steps"] == 6
+    assert body["spec"]["train"]["lr"] > 0
+    assert body["spec"]["model"]["preset"] == "nano" and body["spec"]["model"]["hidden_size"]
+    assert Job.objects.get(pk=body["id"]).spec == body["spec"]
+
+
+def test_an_invalid_spec_gets_400_naming_every_bad_field(api, small_spec):
+    small_spec["train"]["steps"] = "many"
+    small_spec["model"]["preset"] = "huge"
+    small_spec["parallel"] = {"nodez": 2}
+    response = api.post("/api/jobs/", small_spec, format="json")
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert errors["train.steps"] == "must be an integer"
+    assert "unknown preset" in errors["model.preset"]
+    assert "parallel.nodez" in errors
+    assert not Job.objects.exists()
+
+
+def test_a_spec_that_is_not_an_object_gets_400(api):
+    response = api.post("/api/jobs/", [1, 2], format="json")
+    assert response.status_code == 400 and response.json()["errors"]
+
+
+def test_other_users_jobs_are_404_and_staff_see_all(api, user, other_user, small_spec,
+                                                   django_user_model):
+    theirs = Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    mine = Job.objects.create(name="mine", owner=user, spec=small_spec)
+    for path in ("", "cancel/", "metrics/"):
+        method = api.post if path == "cancel/" else api.get
+        assert method(f"/api/jobs/{theirs.pk}/{path}").status_code == 404
+    assert [j["id"] for j in api.get("/api/jobs/").json()["results"]] == [mine.pk]
+    theirs.refresh_from_db()
+    assert theirs.cancel_requested_at is None
+
+    staff = django_user_model.objects.create_user("root", password="pw", is_staff=True)
+    client = APIClient()
+    client.force_authenticate(staff)
+    assert {j["id"] for j in client.get("/api/jobs/").json()["results"]} == {mine.pk, theirs.pk}
+    assert client.get(f"/api/jobs/{theirs.pk}/").status_code == 200
+
+
+def test_cancel_records_the_request_and_a_finished_job_answers_409(api, user, small_spec):
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    job.start()
+    job.mark_running()
+    response = api.post(f"/api/jobs/{job.pk}/cancel/")
+    assert response.status_code == 202
+    job.refresh_from_db()
+    assert job.cancel_requested_at is not None and job.cancel_cause == "api_token"
+
+    job.finish_cancel("stopped")
+    again = api.post(f"/api/jobs/{job.pk}/cancel/")
+    assert again.status_code == 409
+    assert again.json() == {"detail": f"job {job.pk} is cancelled; it cannot become cancelled",
+                            "state": "cancelled"}
+
+
+def test_cancelling_a_queued_job_through_the_api_cancels_it_at_once(api, user, small_spec):
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    assert api.post(f"/api/jobs/{job.pk}/cancel/").json()["state"] == State.CANCELLED
+
+
+def test_metrics_returns_every_stored_step_as_series(api, user, small_spec):
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    store_events(job.pk, [
+        {"type": "step", "job": str(job.pk), "step": s, "time": 1.0 + s, "seq": s,
+         "loss": 5.0 - s, "tokens_per_s": 100.0 * s, "memory": {"rss_bytes": 1000 + s}}
+        for s in (1, 2, 3)
+    ] + [{"type": "step", "job": str(job.pk), "step": 4, "time": 5.0, "seq": 4, "loss": "nan",
+          "tokens_per_s": 400.0}])
+    series = api.get(f"/api/jobs/{job.pk}/metrics/").json()["series"]
+    assert series["loss"] == {"step": [1, 2, 3, 4], "value": [4.0, 3.0, 2.0, None]}
+    assert series["tokens_per_s"]["value"] == [100.0, 200.0, 300.0, 400.0]
+    assert series["memory.rss_bytes"] == {"step": [1, 2, 3], "value": [1001.0, 1002.0, 1003.0]}
+    job.refresh_from_db()
+    assert job.step == 4
+
+
+def test_the_openapi_schema_and_its_docs_page_are_served_without_a_cdn(api):
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+    assert {"/api/jobs/", "/api/jobs/{id}/", "/api/jobs/{id}/cancel/", "/api/jobs/{id}/metrics/",
+            "/api/auth/token/"} <= set(paths)
+    docs = api.get("/api/docs/")
+    assert docs.status_code == 200
+    html = docs.content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in html
+    assert "cdn" not in html.lower()

@@ -1,0 +1,93 @@
+"""The ingest: bus → database (exactly once) → the job's channel-layer group."""
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from jobs.models import Job
+from monitor.ingest import GROUP, StreamIngest, job_group, step_metrics
+from monitor.models import Event, MetricPoint
+
+from engine.runtime.events import EventLog, events_stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def job(user, small_spec):
+    return Job.objects.create(name="t", owner=user, spec=small_spec)
+
+
+@pytest.fixture
+def bus(platform_redis_url):
+    client = redis.Redis.from_url(platform_redis_url)
+    yield client
+    client.close()
+
+
+def publish_steps(job, url, steps):
+    log = EventLog(str(job.pk), bus_url=url)
+    for step in steps:
+        log.emit("step", step, loss=6.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
+                 step_time=0.1, memory={"rss_bytes": 2**30})
+    log.close()
+
+
+def test_step_events_are_stored_acknowledged_and_forwarded(job, bus, platform_redis_url):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(job_group(job.pk), channel)
+    publish_steps(job, platform_redis_url, range(1, 6))
+    EventLog(str(job.pk), bus_url=platform_redis_url).emit("log", 5, level="info", message="hi")
+
+    ingest = StreamIngest(job.pk, bus)
+    events = ingest.poll(block_ms=100)
+
+    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5, 6]
+    assert list(Event.objects.filter(job=job).values_list("seq", "type")) == [
+        (1, "step"), (2, "step"), (3, "step"), (4, "step"), (5, "step"), (6, "log")]
+    losses = MetricPoint.objects.filter(job=job, name="loss").order_by("step")
+    assert [(p.step, p.value) for p in losses] == [(s, 6.0 / s) for s in range(1, 6)]
+    assert MetricPoint.objects.filter(job=job, name="memory.rss_bytes").count() == 5
+    assert bus.xpending(events_stream(str(job.pk)), GROUP)["pending"] == 0
+    job.refresh_from_db()
+    assert job.step == 5
+    async def receive_all(n):
+        return [(await layer.receive(channel))["message"] for _ in range(n)]
+
+    forwarded = async_to_sync(receive_all)(6)
+    assert [m["seq"] for m in forwarded] == [1, 2, 3, 4, 5, 6]
+    assert forwarded[0]["type"] == "step" and forwarded[-1]["type"] == "log"
+    assert ingest.poll(block_ms=50) == []
+
+
+def test_events_delivered_but_not_acknowledged_are_stored_after_a_crash(job, bus,
+                                                                        platform_redis_url):
+    publish_steps(job, platform_redis_url, range(1, 4))
+    first = StreamIngest(job.pk, bus, consumer="ingest-a")
+    # a crash between reading and committing: delivered to ingest-a, never acknowledged
+    bus.xreadgroup(GROUP, "ingest-a", {first.stream: ">"}, count=2)
+    assert bus.xpending(first.stream, GROUP)["pending"] == 2
+
+    restarted = StreamIngest(job.pk, bus, consumer="ingest-a")
+    recovered = restarted.poll(block_ms=100)
+    rest = restarted.poll(block_ms=100)
+    assert [e["seq"] for e in recovered + rest] == [1, 2, 3]
+    assert list(Event.objects.filter(job=job).values_list("seq", flat=True)) == [1, 2, 3]
+    assert bus.xpending(first.stream, GROUP)["pending"] == 0
+
+
+def test_a_redelivered_event_is_stored_once(job, bus, platform_redis_url):
+    publish_steps(job, platform_redis_url, range(1, 4))
+    StreamIngest(job.pk, bus, consumer="a").poll(block_ms=100)
+    # a second consumer group replays the whole stream: storage must not duplicate
+    bus.xgroup_setid(events_stream(str(job.pk)), GROUP, id="0")
+    StreamIngest(job.pk, bus, consumer="b").poll(block_ms=100)
+    assert Event.objects.filter(job=job).count() == 3
+    assert MetricPoint.objects.filter(job=job, name="loss").count() == 3
+
+
+def test_step_metrics_flattens_numbers_and_marks_non_finite_values():
+    event = {"type": "step", "job": "1", "step": 3, "time": 1.0, "seq": 9, "loss": "nan",
+             "grad_norm": 2, "ok": True, "memory": {"rss_bytes": 10, "device": "cpu"}}
+    assert step_metrics(event) == {"loss": None, "grad_norm": 2.0, "memory.rss_bytes": 10.0}

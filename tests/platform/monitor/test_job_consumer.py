@@ -1,0 +1,89 @@
+"""Websocket /ws/jobs/<id>/: who may watch, the snapshot, then live events in order."""
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+from jobs.models import Job
+from monitor.ingest import StreamIngest, store_events
+from rest_framework.authtoken.models import Token
+from ringside.asgi import application
+
+from engine.runtime.events import EventLog
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def job(user, small_spec):
+    return Job.objects.create(name="t", owner=user, spec=small_spec)
+
+
+def communicator(job, query="", user=None):
+    comm = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/{query}",
+                                 headers=[(b"origin", b"http://testserver"),
+                                          (b"host", b"testserver")])
+    if user is not None:
+        comm.scope["user"] = user
+    return comm
+
+
+async def test_anonymous_clients_are_refused(job):
+    connected, code = await communicator(job, user=AnonymousUser()).connect()
+    assert (connected, code) == (False, 4401)
+
+
+async def test_only_the_owner_may_watch_a_job(job, other_user):
+    connected, code = await communicator(job, user=other_user).connect()
+    assert (connected, code) == (False, 4404)
+    stranger_token = await sync_to_async(Token.objects.create)(user=other_user)
+    connected, code = await communicator(job, f"?token={stranger_token.key}").connect()
+    assert (connected, code) == (False, 4404)
+    connected, code = await communicator(job, "?token=" + "f" * 40).connect()
+    assert (connected, code) == (False, 4401)
+
+
+async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, user,
+                                                                        platform_redis_url):
+    await sync_to_async(store_events)(job.pk, [
+        {"type": "step", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 1, "loss": 5.5,
+         "tokens_per_s": 900.0}])
+    token = await sync_to_async(Token.objects.create)(user=user)
+    comm = communicator(job, f"?token={token.key}")
+    connected, _ = await comm.connect()
+    assert connected
+    snapshot = await comm.receive_json_from(timeout=5)
+    assert snapshot["type"] == "snapshot" and snapshot["seq"] == 1
+    assert snapshot["job"]["state"] == "queued" and snapshot["job"]["total_steps"] == 6
+    assert snapshot["series"]["loss"] == {"step": [1], "value": [5.5]}
+
+    def publish_and_ingest():
+        # the engine's side (EventLog on the bus) and the supervisor's side (the ingest)
+        client = redis.Redis.from_url(platform_redis_url)
+        log = EventLog(str(job.pk), bus_url=platform_redis_url)
+        log.seq = 1  # stream is empty: the stored event above came through store_events
+        for step in (2, 3, 4):
+            log.emit("step", step, loss=5.0 / step, tokens_per_s=1000.0)
+        ingest = StreamIngest(job.pk, client)
+        while ingest.poll(block_ms=100):
+            pass
+        client.close()
+
+    await sync_to_async(publish_and_ingest)()
+    live = [await comm.receive_json_from(timeout=5) for _ in range(3)]
+    assert [(m["type"], m["seq"], m["step"]) for m in live] == [
+        ("step", 2, 2), ("step", 3, 3), ("step", 4, 4)]
+    assert live[0]["loss"] == 2.5
+    assert await comm.receive_nothing(timeout=0.3)  # nothing twice, nothing from the snapshot
+    await comm.disconnect()
+
+
+async def test_staff_may_watch_any_job_with_their_session(job, django_user_model):
+    staff = await sync_to_async(django_user_model.objects.create_user)(
+        "root", password="pw", is_staff=True)
+    comm = communicator(job, user=staff)
+    connected, _ = await comm.connect()
+    assert connected
+    assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
+    await comm.disconnect()
