@@ -106,7 +106,8 @@ class Span:
             timer._cuda.stop(self)
 
     def finish_when(self, work: Any) -> None:
-        """Time an async op until `work` (a torch.distributed Work or a torch Future) is done."""
+        """Time an async op until `work` is done: a torch.distributed Work, or any future with
+        `add_done_callback` (torch.futures.Future, concurrent.futures.Future)."""
         self.deferred = True
         future = work.get_future() if hasattr(work, "get_future") else work
         future.add_done_callback(self._done)
@@ -196,7 +197,7 @@ class OpTimer:
     """Per-rank op timer: `op()` around call sites, `step_end()` once per training step."""
 
     def __init__(self, rank: int = 0, backend: str = "cpu", sample_every: int = 0,
-                 ring_capacity: int = 1 << 16):
+                 start_step: int = 1, ring_capacity: int = 1 << 16):
         if backend not in ("cpu", "cuda"):
             raise ValueError(f"backend: must be 'cpu' or 'cuda', got {backend!r}")
         if sample_every < 0:
@@ -212,9 +213,8 @@ class OpTimer:
         self._completed: collections.deque = collections.deque()
         self._intervals: list[tuple[int, int]] = []
         self._depth = 0
-        self._step = 0
-        self._sampling = False
-        self._requested = False
+        self._step = start_step
+        self._sampling = bool(sample_every and start_step % sample_every == 0)
         self.last_op = ""
         self.step_started_ns = perf_counter_ns()
         # perf_counter is per host; this offset turns it into wall-clock ns for the trace
@@ -279,9 +279,7 @@ class OpTimer:
                 info.reset()
         self._intervals.clear()
         self._step = step + 1
-        self._sampling = self._requested or bool(
-            self.sample_every and self._step % self.sample_every == 0)
-        self._requested = False
+        self._sampling = bool(self.sample_every and self._step % self.sample_every == 0)
         self.step_started_ns = perf_counter_ns()
         return timings
 
@@ -291,8 +289,9 @@ class OpTimer:
         return self._step
 
     def request_timeline(self) -> None:
-        """Record the next step's full timeline (L2) regardless of `sample_every`."""
-        self._requested = True
+        """Record the step in progress into the timeline (L2) from now on, whatever
+        `sample_every` says; called right after `step_end` it records the whole next step."""
+        self._sampling = True
 
     def in_flight(self) -> list[Span]:
         """Ops started and not finished, oldest first (for the hang watchdog)."""

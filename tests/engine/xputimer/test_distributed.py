@@ -1,0 +1,104 @@
+"""Timing across 4 real gloo ranks (2 nodes x 2): the `ops` aggregate names the rank that
+an injected slow_rank fault slows, collectives carry bytes, group and bus bandwidth, and the
+gathered Chrome trace has one process per rank."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine.anomaly import FaultInjector
+from engine.horing import Topology
+from engine.runtime.spec import FaultInjection
+from engine.xputimer import OpAggregator, OpTimer, write_trace
+
+NODES, PER_NODE, STEPS, SLOW_RANK = 2, 2, 4, 2
+
+
+def rank_main(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    topo = Topology(NODES, PER_NODE).init_groups()
+    injector = FaultInjector([FaultInjection("slow_rank", step=2, rank=SLOW_RANK, factor=5.0)],
+                             rank)
+    timer = OpTimer(rank, sample_every=2)
+    aggregator = OpAggregator()
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    grads, shard = torch.randn(1 << 14), torch.randn(1 << 12)
+    aggregates = []
+    for step in range(1, STEPS + 1):
+        with timer.op("expert_mlp", kind="matmul", flops=2 * 128 ** 3), injector.slowdown(step):
+            for _ in range(20):
+                a @ b
+            time.sleep(0.01)  # keep the op well above scheduling noise on a shared machine
+        with timer.op("grad_sync", kind="collective", nbytes=grads.numel() * 4, group="global",
+                      algo="native", collective="all_reduce", group_size=world) as span:
+            work = dist.all_reduce(grads, async_op=True)
+            span.finish_when(work)
+        work.wait()
+        with timer.op("node_sync", kind="collective", nbytes=shard.numel() * 4, group="intra",
+                      algo="native", collective="all_reduce", group_size=PER_NODE):
+            dist.all_reduce(shard, group=topo.intra)
+        aggregates.append(aggregator.aggregate(timer.step_end(step)))
+    write_trace(timer, f"{out}/trace.json")
+    with open(f"{out}/aggregates-{rank}.json", "w") as f:
+        json.dump(aggregates, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("xputimer")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = NODES * PER_NODE
+    mp.start_processes(rank_main, args=(world, port, str(out)), nprocs=world,
+                       start_method="fork")
+    aggregates = [json.loads((out / f"aggregates-{r}.json").read_text()) for r in range(world)]
+    return aggregates, json.loads((out / "trace.json").read_text())
+
+
+def test_every_rank_gets_the_same_aggregate(run):
+    aggregates, _ = run
+    assert all(a == aggregates[0] for a in aggregates)
+
+
+def test_ops_event_names_the_slowed_rank_as_slowest(run):
+    steps = run[0][0]
+    for agg in steps[1:]:  # slowed from step 2
+        op = agg["ops"]["expert_mlp"]
+        assert op["slowest_rank"] == SLOW_RANK
+        assert op["max_ms"] == op["per_rank_ms"][SLOW_RANK]
+        assert op["max_ms"] > 2 * op["median_ms"]
+        assert op["tflops"] > 0
+    slowest = max(steps[-1]["ranks"], key=lambda r: r["compute_ms"])
+    assert slowest["rank"] == SLOW_RANK
+    # the other ranks wait for it inside the collectives
+    assert min(steps[-1]["ranks"], key=lambda r: r["comm_ms"])["rank"] == SLOW_RANK
+
+
+def test_collectives_carry_bytes_group_algorithm_and_bus_bandwidth(run):
+    ops = run[0][0][-1]["ops"]
+    node = ops["node_sync"]
+    assert (node["group"], node["algo"], node["bytes"]) == ("intra", "native", (1 << 12) * 4)
+    assert node["busbw_gbps"] > 0
+    seen = [agg["ops"]["grad_sync"] for agg in run[0][0] if "grad_sync" in agg["ops"]]
+    assert sum(op["count"] for op in seen) >= STEPS - 1  # async: stamped in the callback
+    assert all(op["group"] == "global" and op["busbw_gbps"] > 0 for op in seen)
+
+
+def test_gathered_trace_has_one_process_per_rank_for_sampled_steps(run):
+    _, trace = run
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(NODES * PER_NODE)}
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert steps == {2, 4}
