@@ -1,0 +1,71 @@
+"""`jobs.tasks.run_job` with a real Celery worker, Redis and database, and the real engine."""
+
+import time
+
+import psutil
+import pytest
+from jobs.models import Job, State
+from monitor.models import Event, MetricPoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def job_state(job_id: int) -> str:
+    return Job.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def engine_processes(spec_path: str) -> list[psutil.Process]:
+    """The engine's launcher (its command line names the spec) and all its ranks."""
+    launchers = [p for p in psutil.process_iter(["cmdline"])
+                 if spec_path in (p.info["cmdline"] or [])]
+    return launchers + [child for p in launchers for child in p.children(recursive=True)]
+
+
+def test_a_job_created_through_the_api_runs_completes_and_stores_its_metrics(
+        api, celery_worker, small_spec, eventually, settings):
+    response = api.post("/api/jobs/", small_spec, format="json")
+    assert response.status_code == 201
+    job_id = response.json()["id"]
+
+    eventually(lambda: job_state(job_id) in (State.COMPLETED, State.FAILED), 120,
+               f"job {job_id} did not finish; worker log: {celery_worker.log_path}")
+    job = Job.objects.get(pk=job_id)
+    assert job.state == State.COMPLETED, job.error
+    assert job.step == 6
+    assert list(job.transitions.values_list("to_state", flat=True)) == [
+        "starting", "running", "completing", "completed"]
+    losses = list(MetricPoint.objects.filter(job=job, name="loss").order_by("step")
+                  .values_list("step", "value"))
+    assert [s for s, _ in losses] == [1, 2, 3, 4, 5, 6]
+    assert all(v is not None and v > 0 for _, v in losses)
+    assert MetricPoint.objects.filter(job=job, name="tokens_per_s").count() == 6
+    states = [e.data["state"] for e in Event.objects.filter(job=job, type="state")]
+    assert states[0] == "starting" and states[-1] == "completed"
+    run_dir = settings.RUNS_DIR / str(job_id)
+    assert (run_dir / "spec.json").exists() and (run_dir / "events.jsonl").exists()
+    series = api.get(f"/api/jobs/{job_id}/metrics/").json()["series"]
+    assert series["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, eventually,
+                                               settings):
+    small_spec["name"] = "long"
+    small_spec["train"]["steps"] = 100_000
+    small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
+    job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
+    eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
+               f"job {job_id} made no progress; worker log: {celery_worker.log_path}")
+    spec_path = str(settings.RUNS_DIR / str(job_id) / "spec.json")
+    engine = engine_processes(spec_path)
+    assert len(engine) >= 3, "expected the launcher and its two ranks"
+
+    requested = time.monotonic()
+    assert api.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
+    eventually(lambda: job_state(job_id) == State.CANCELLED, 30, "cancel did not finish")
+    eventually(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                               for p in engine), 10, "engine processes survived")
+    took = time.monotonic() - requested
+    assert took < 10, f"cancel took {took:.1f} s"
+    last = Job.objects.get(pk=job_id).transitions.last()
+    assert (last.from_state, last.to_state, last.cause, last.actor) == (
+        "running", "cancelled", "api_token", "ada")
