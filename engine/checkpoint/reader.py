@@ -181,7 +181,6 @@ class CheckpointReader:
         self.files: dict[int, int] = {}
         self.block = bytearray(BLOCK_BYTES)
         self.cached: tuple[int, int] | None = None  # (rank, block index) held in self.block
-        self.cached_len = 0
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -259,35 +258,45 @@ class CheckpointReader:
             shard.copy_(host.view_as(shard))
 
     def read_bytes(self, rank: int, byte_offset: int, dest: memoryview) -> None:
-        """Copy the saved rank's bytes [byte_offset, +len(dest)) into dest, block by block."""
+        """Copy the saved rank's bytes [byte_offset, +len(dest)) into dest, block by block.
+
+        Whole blocks inside the range are read straight into dest and checked there; only
+        the partial blocks at its ends go through a bounce buffer.
+        """
         done = 0
         while done < len(dest):
             position = byte_offset + done
             index, within = divmod(position, BLOCK_BYTES)
-            self._load_block(rank, index)
-            n = min(len(dest) - done, self.cached_len - within)
-            if n <= 0:
+            size = self._block_size(rank, index)
+            if size <= 0:
                 raise CorruptCheckpoint(f"{self._name(rank)}: ends before byte {position}")
+            if within == 0 and len(dest) - done >= size:
+                self._read_block(rank, index, dest[done : done + size])
+                done += size
+                continue
+            if self.cached != (rank, index):
+                self.cached = None
+                self._read_block(rank, index, memoryview(self.block)[:size])
+                self.cached = (rank, index)
+            n = min(len(dest) - done, size - within)
             dest[done : done + n] = memoryview(self.block)[within : within + n]
             done += n
 
-    def _load_block(self, rank: int, index: int) -> None:
-        if self.cached == (rank, index):
-            return
+    def _block_size(self, rank: int, index: int) -> int:
+        return min(BLOCK_BYTES, self.parts[rank]["nbytes"] - index * BLOCK_BYTES)
+
+    def _read_block(self, rank: int, index: int, into: memoryview) -> None:
+        """Read block `index` of a saved rank's file into `into` and check its checksum."""
         part = self.parts[rank]
         if rank not in self.files:
             try:
                 self.files[rank] = os.open(self.info.path / part["file"], os.O_RDONLY)
             except FileNotFoundError as e:
                 raise CorruptCheckpoint(f"{self._name(rank)} is missing") from e
-        expected = min(BLOCK_BYTES, part["nbytes"] - index * BLOCK_BYTES)
-        got = os.preadv(self.files[rank], [self.block], index * BLOCK_BYTES)
-        self.cached = None
-        if got < expected:
+        if os.preadv(self.files[rank], [into], index * BLOCK_BYTES) < len(into):
             raise CorruptCheckpoint(f"{self._name(rank)} is truncated at block {index}")
-        if zlib.crc32(memoryview(self.block)[:expected]) != part["crc32"][index]:
+        if zlib.crc32(into) != part["crc32"][index]:
             raise CorruptCheckpoint(f"{self._name(rank)} block {index} fails its checksum")
-        self.cached, self.cached_len = (rank, index), expected
 
     def _name(self, rank: int) -> str:
         return str(self.info.path / self.parts[rank]["file"])

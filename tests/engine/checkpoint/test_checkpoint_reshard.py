@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from engine.checkpoint import (
     Checkpointer,
     CheckpointError,
+    CorruptCheckpoint,
     load,
     load_into,
     read_extras,
@@ -152,6 +153,14 @@ def test_loading_reads_only_the_blocks_that_hold_the_wanted_range(tmp_path, monk
     got = load(tmp_path, {"w": [wanted]})["w"][0]
     assert torch.equal(got, full[wanted[0] : wanted[0] + wanted[1]])
     assert sorted(reads) == [0, 2 * BLOCK_BYTES]
+
+    assert torch.equal(load(tmp_path, {"w": [(0, length)]})["w"][0], full)
+    victim = next(tmp_path.glob("step-000001/*.rank-00001.bin"))
+    with open(victim, "r+b") as f:  # a whole block, read straight into the target
+        f.seek(BLOCK_BYTES + 5)
+        f.write(b"\xff")
+    with pytest.raises(CorruptCheckpoint, match="block 1 fails its checksum"):
+        load(tmp_path, {"w": [(0, length)]})
 
 
 def test_wrong_targets_are_named_in_the_error(tmp_path):
