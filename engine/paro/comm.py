@@ -1,12 +1,16 @@
-"""The five collectives PaRO is built from, on the intra-group and rail groups, with counters.
+"""The collectives PaRO is built from, on the intra-group and rail groups, with counters.
 
-Every global collective of the spec's schedule is composed from these (a global reduce-scatter
-is an intra reduce-scatter then a rail reduce-scatter; a global all-gather the reverse; a
-global all-reduce is intra RS, rail AR, intra AG), so every byte is attributed to the tier it
-crosses. Bytes are what one rank sends in a ring over n members: (n-1)/n * S for a
-reduce-scatter or all-gather of S bytes (S = the unsharded size), twice that for an
-all-reduce (../shared/specs/paro-horing.md section 5). A group of one rank sends nothing and
-is not counted.
+Intra-group and rail collectives are single torch.distributed calls on `topo.intra` /
+`topo.inter`. Global ones are two-level in the nested layout (spec section 8): reduce-scatter
+= intra RS then rail RS, all-gather = rail AG then intra AG, all-reduce = intra RS, rail AR,
+intra AG; with collective "ring", "hier" or "horing" they run as engine.horing's algorithms
+instead (layout "nested"), with "native" as the composition above on torch.distributed.
+
+Counters attribute every byte to the tier it crosses, the way the spec's schedule table does:
+one rank sends (n-1)/n * S in a ring reduce-scatter or all-gather of S bytes among n ranks
+(S = the unsharded size) and twice that in an all-reduce; a global collective counts its
+intra part and its rail part (for "ring", a flat ring, that split is nominal). A group of one
+rank sends nothing and is not counted.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import engine.horing
 from engine.horing.topology import Topology
 
 COLLECTIVES = ("native", "ring", "hier", "horing")
@@ -47,10 +52,76 @@ class Comm:
     def reset(self) -> None:
         self.stats = CommStats()
 
-    def _count(self, tier: str, members: int, unsharded: torch.Tensor, factor: int) -> bool:
+    # ---- one tier: "intra" (this rank's group) or "inter" (this rank's rail) -----------
+
+    def reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
+        """Sum `full` over the tier's group; return this rank's 1/n slice (in group order)."""
+        n = self._members(tier)
+        if not self._count(tier, _nbytes(full), 1):
+            return full.clone()
+        out = full.new_empty(full.numel() // n)
+        dist.reduce_scatter_single(out, full, group=self._group(tier))
+        return out
+
+    def all_gather(
+        self, tier: str, shard: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Concatenate the group's shards (in group order) into `out` (allocated if None)."""
+        if out is None:
+            out = shard.new_empty(shard.numel() * self._members(tier))
+        if not self._count(tier, _nbytes(out), 1):
+            out.copy_(shard)
+            return out
+        dist.all_gather_single(out, shard, group=self._group(tier))
+        return out
+
+    def all_reduce(self, tier: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over the tier's group, in place."""
+        if self._count(tier, _nbytes(tensor), 2):
+            dist.all_reduce(tensor, group=self._group(tier))
+        return tensor
+
+    # ---- global, in the nested layout ---------------------------------------------------
+
+    def global_reduce_scatter(self, full: torch.Tensor) -> torch.Tensor:
+        """Sum over all ranks; return this rank's global block j*R + k."""
+        if self.collective == "native":
+            return self.reduce_scatter("inter", self.reduce_scatter("intra", full))
+        self._count_global(full)
+        out = full.new_empty(full.numel() // self.topo.world_size)
+        engine.horing.reduce_scatter(out, full, self.topo, self.collective, layout="nested")
+        return out
+
+    def global_all_gather(self, block: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Every rank's global block, in the nested layout, into `out`."""
+        if self.collective == "native":
+            return self.all_gather("intra", self.all_gather("inter", block), out=out)
+        self._count_global(out)
+        engine.horing.all_gather(out, block, self.topo, self.collective, layout="nested")
+        return out
+
+    def global_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over all ranks, in place."""
+        if self.collective == "native":
+            shard = self.all_reduce("inter", self.reduce_scatter("intra", tensor))
+            return self.all_gather("intra", shard, out=tensor)
+        self._count_global(tensor, all_reduce=True)
+        engine.horing.all_reduce(tensor, self.topo, self.collective)
+        return tensor
+
+    # ---- counting -----------------------------------------------------------------------
+
+    def _count_global(self, full: torch.Tensor, all_reduce: bool = False) -> None:
+        """As the native composition: an all-reduce is intra RS, rail AR, intra AG."""
+        for _ in range(2 if all_reduce else 1):
+            self._count("intra", _nbytes(full), 1)
+        self._count("inter", _nbytes(full) // self.topo.procs_per_node, 2 if all_reduce else 1)
+
+    def _count(self, tier: str, unsharded_bytes: int, factor: int) -> bool:
+        members = self._members(tier)
         if members == 1:
             return False
-        sent = factor * (members - 1) * unsharded.numel() * unsharded.element_size() // members
+        sent = factor * (members - 1) * unsharded_bytes // members
         if tier == "intra":
             self.stats.intra_bytes += sent
             self.stats.intra_calls += 1
@@ -65,30 +136,6 @@ class Comm:
     def _members(self, tier: str) -> int:
         return self.topo.procs_per_node if tier == "intra" else self.topo.nodes
 
-    def reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
-        """Sum `full` over the tier's group; return this rank's 1/n slice (in group order)."""
-        n = self._members(tier)
-        if not self._count(tier, n, full, 1):
-            return full.clone()
-        out = full.new_empty(full.numel() // n)
-        dist.reduce_scatter_single(out, full, group=self._group(tier))
-        return out
 
-    def all_gather(
-        self, tier: str, shard: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Concatenate the group's shards (in group order) into `out` (allocated if None)."""
-        n = self._members(tier)
-        if out is None:
-            out = shard.new_empty(shard.numel() * n)
-        if not self._count(tier, n, out, 1):
-            out.copy_(shard)
-            return out
-        dist.all_gather_single(out, shard, group=self._group(tier))
-        return out
-
-    def all_reduce(self, tier: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum `tensor` over the tier's group, in place."""
-        if self._count(tier, self._members(tier), tensor, 2):
-            dist.all_reduce(tensor, group=self._group(tier))
-        return tensor
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -120,7 +120,7 @@ class ShardedDataParallel:
         if level == "I":
             grad = self.comm.reduce_scatter("intra", grad)
         elif level == "G":
-            grad = self.comm.reduce_scatter("inter", self.comm.reduce_scatter("intra", grad))
+            grad = self.comm.global_reduce_scatter(grad)
         self._grad += grad
         self._micro_steps += 1
         return output
@@ -138,11 +138,9 @@ class ShardedDataParallel:
         s, comm = self.strategy, self.comm
         grad = self._grad
         if (s.grads, s.optim) == ("N", "N"):
-            grad = comm.all_gather(
-                "intra", comm.all_reduce("inter", comm.reduce_scatter("intra", grad))
-            )
+            grad = comm.global_all_reduce(grad)
         elif (s.grads, s.optim) == ("N", "G"):
-            grad = comm.reduce_scatter("inter", comm.reduce_scatter("intra", grad))
+            grad = comm.global_reduce_scatter(grad)
         elif (s.grads, s.optim) == ("I", "I"):
             grad = comm.all_reduce("inter", grad.float())  # fp32 all-reduce, as in the spec
         elif (s.grads, s.optim) == ("I", "G"):
@@ -248,10 +246,10 @@ class ShardedDataParallel:
         if level == "N":
             return
         self._full.untyped_storage().resize_(self.layout.padded * self._full.element_size())
-        shard = self._param_shard
         if level == "G":
-            shard = self.comm.all_gather("inter", shard)
-        self.comm.all_gather("intra", shard, out=self._full)
+            self.comm.global_all_gather(self._param_shard, out=self._full)
+        else:
+            self.comm.all_gather("intra", self._param_shard, out=self._full)
 
     def _free_params(self) -> None:
         if self.strategy.params != "N":
@@ -288,7 +286,7 @@ class ShardedDataParallel:
         if s.params == s.optim:
             (self._full if s.params == "N" else self._param_shard).copy_(values)
         elif (s.params, s.optim) == ("N", "G"):
-            comm.all_gather("intra", comm.all_gather("inter", values), out=self._full)
+            comm.global_all_gather(values, out=self._full)
         elif (s.params, s.optim) == ("N", "I"):
             comm.all_gather("intra", values, out=self._full)
         elif (s.params, s.optim) == ("I", "G"):
