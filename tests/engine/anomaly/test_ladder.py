@@ -1,0 +1,85 @@
+"""The response ladder: first rung, escalation on repeats, reset, caps, policy overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.anomaly import Anomaly, ResponseLadder
+from engine.runtime.spec import FaultPolicy, SpecError
+
+HOUR = 3600.0
+
+
+def spike(step: int, kind: str = "loss_spike", rank: int | None = 0) -> list[Anomaly]:
+    return [Anomaly(kind, "error", step, rank, {"value": 1.0})]
+
+
+def actions(ladder: ResponseLadder, steps: list[int], kind: str = "loss_spike",
+            now: float = 0.0) -> list[str]:
+    return [ladder.decide(spike(s, kind), s, now)[0].action for s in steps]
+
+
+def test_loss_spikes_climb_the_ling_ladder_then_page_a_person():
+    ladder = ResponseLadder()
+    assert actions(ladder, [10, 11, 12, 13, 14, 15]) == [
+        "skip_update", "retry_step", "lr_cut", "rollback", "pause", "pause"]
+
+
+def test_the_ladder_starts_over_after_quiet_steps():
+    ladder = ResponseLadder(reset_after=100)
+    assert actions(ladder, [10, 20]) == ["skip_update", "retry_step"]
+    assert actions(ladder, [200]) == ["skip_update"]
+
+
+def test_nan_twice_in_a_row_rolls_back():
+    assert actions(ResponseLadder(), [5, 6], kind="nan") == ["skip_update", "rollback"]
+
+
+def test_one_retry_per_step_then_the_next_rung():
+    ladder = ResponseLadder(FaultPolicy(actions={"loss_spike": ["retry_step", "lr_cut"]}))
+    first = ladder.decide(spike(40), 40, 0.0)[0]
+    again = ladder.decide(spike(40), 40, 0.0)[0]  # the retried step spikes again
+    assert (first.action, again.action) == ("retry_step", "lr_cut")
+    assert again.params == {"lr_factor": 0.1}
+
+
+def test_two_rollbacks_per_hour_then_pause():
+    ladder = ResponseLadder(FaultPolicy(actions={"nan": ["rollback"]}), reset_after=0)
+    decided = [ladder.decide(spike(s, "nan"), s, now)[0] for s, now in
+               [(10, 0.0), (500, 60.0), (900, 120.0), (2000, HOUR + 61.0)]]
+    assert [d.action for d in decided] == ["rollback", "rollback", "pause", "rollback"]
+    assert decided[2].reason == "rollback capped"
+
+
+def test_restarts_are_capped_by_max_restarts():
+    ladder = ResponseLadder(FaultPolicy(max_restarts=2), reset_after=0)
+    assert actions(ladder, [10, 20, 30], kind="crash") == ["restart", "restart", "pause"]
+
+
+def test_several_kinds_in_one_step_strongest_first():
+    ladder = ResponseLadder()
+    found = spike(7, "throughput_drop", None) + spike(7, "nan", 1) + spike(7, "grad_spike", 1)
+    decisions = ladder.decide(found, 7, 0.0)
+    assert [(d.anomaly, d.action) for d in decisions] == [
+        ("nan", "skip_update"), ("grad_spike", "skip_update"), ("throughput_drop", "observe")]
+    event = decisions[0].event_fields()
+    assert event["action"] == "skip_update" and event["anomaly"] == "nan"
+    assert event["rank"] == 1 and event["by"] == "policy"
+
+
+def test_policy_actions_replace_a_kinds_ladder_and_bad_ones_name_the_field():
+    ladder = ResponseLadder(FaultPolicy(actions={"straggler": ["restart"]}))
+    assert ladder.ladders["straggler"] == ["restart"]
+    with pytest.raises(SpecError) as e:
+        ResponseLadder(FaultPolicy(actions={"nan": ["skip", "pause"], "oom": ["pause"],
+                                            "hang": []}))
+    assert set(e.value.errors) == {"faults.policy.actions.nan.0", "faults.policy.actions.oom",
+                                   "faults.policy.actions.hang"}
+
+
+def test_state_dict_round_trip_keeps_escalation_and_caps():
+    a = ResponseLadder()
+    actions(a, [10, 11])
+    b = ResponseLadder()
+    b.load_state_dict(a.state_dict())
+    assert actions(a, [12, 13]) == actions(b, [12, 13]) == ["lr_cut", "rollback"]
