@@ -16,6 +16,7 @@ a noisy but healthy curve quiet, a flag also needs the value to be `min_rise` ab
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from typing import Any
@@ -276,14 +277,14 @@ class Detectors:
     def state_dict(self) -> dict[str, Any]:
         return {"loss": self.loss.state_dict(), "grad": self.grad.state_dict(),
                 "straggler_run": {str(k): v for k, v in self.straggler_run.items()},
-                **{name: getattr(self, name) for name in self._PLAIN}}
+                **copy.deepcopy({name: getattr(self, name) for name in self._PLAIN})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loss.load_state_dict(state["loss"])
         self.grad.load_state_dict(state["grad"])
         self.straggler_run = {int(k): v for k, v in state["straggler_run"].items()}
         for name in self._PLAIN:
-            setattr(self, name, state[name])
+            setattr(self, name, copy.deepcopy(state[name]))
 
 
 def _ewma(params: dict[str, float]) -> dict[str, float]:
