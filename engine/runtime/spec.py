@@ -144,19 +144,25 @@ def parse_spec(data: Any) -> JobSpec:
                 base = PRESETS[preset_name]
         if base is not None:
             model = _build(MoEConfig, model_data, "model", errors, base=base)
-            if model is not None:
-                errors.update({f"model.{k}": v for k, v in model.validate().items()})
+            _add_new(errors, {f"model.{k}": v for k, v in model.validate().items()})
 
     spec = _build(JobSpec, {**data, "model": {}}, "", errors)
     if spec is not None:
         if model is not None:
             spec.model = model
         spec.preset = preset_name
-        errors.update(_check_semantics(spec))
+        _add_new(errors, _check_semantics(spec))
     if errors:
         raise SpecError(errors)
     assert spec is not None
     return spec
+
+
+def _add_new(errors: dict[str, str], found: dict[str, str]) -> None:
+    """Add errors for fields that have none yet: a field that failed its type check was
+    defaulted, and a check across fields must not blame it a second time."""
+    for path, message in found.items():
+        errors.setdefault(path, message)
 
 
 def _check_semantics(spec: JobSpec) -> dict[str, str]:
@@ -215,26 +221,24 @@ def _build(cls: type, data: Any, path: str, errors: dict[str, str], base: Any = 
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
-    ok = True
     for key, value in data.items():
         sub = f"{path}.{key}" if path else key
         if key not in fields:
             errors[sub] = "unknown field"
-            ok = False
             continue
         converted = _convert(hints[key], value, sub, errors)
-        if converted is _INVALID:
-            ok = False
-        else:
+        if converted is not _INVALID:
             kwargs[key] = converted
+    missing = False
     for name, f in fields.items():
         if name in kwargs or base is not None:
             continue
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             errors[f"{path}.{name}" if path else name] = "this field is required"
-            ok = False
-    if not ok:
+            missing = True
+    if missing:
         return None
+    # bad fields keep their defaults, so the checks across fields still run on the rest
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
