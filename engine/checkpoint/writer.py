@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -209,14 +210,16 @@ class Checkpointer:
         self._jobs.join()
         self._raise_if_failed()
 
-    def close(self) -> None:
-        """Flush and stop the persist thread (clean shutdown)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._jobs.join()
-        self._jobs.put(None)
-        self._thread.join()
+    def close(self, drop_memory_tier: bool = False) -> None:
+        """Flush and stop the persist thread (clean shutdown). `drop_memory_tier=True` also
+        frees the memory tier's RAM, for a job that completed (the disk tier stays)."""
+        if not self._closed:
+            self._closed = True
+            self._jobs.join()
+            self._jobs.put(None)
+            self._thread.join()
+        if drop_memory_tier and self.memory_dir is not None:
+            shutil.rmtree(self.memory_dir, ignore_errors=True)
         self._raise_if_failed()
 
     def forget_after(self, step: int) -> None:

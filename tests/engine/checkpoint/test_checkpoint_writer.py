@@ -88,9 +88,11 @@ def test_memory_saves_go_to_the_memory_tier_only(tmp_path):
     ckpt = Checkpointer(tmp_path / "disk", memory_dir=tmp_path / "mem", memory_keep=1)
     ckpt.save(1, state(1), to_disk=True)
     ckpt.save(2, state(2), to_disk=False)
-    ckpt.close()
+    ckpt.wait()
     assert steps_in(tmp_path / "disk") == [1]
     assert steps_in(tmp_path / "mem") == [2]
+    ckpt.close(drop_memory_tier=True)  # a completed job gives the RAM back
+    assert not (tmp_path / "mem").exists() and steps_in(tmp_path / "disk") == [1]
 
 
 def test_resaving_a_step_replaces_it_atomically(tmp_path):
