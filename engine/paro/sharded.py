@@ -142,7 +142,8 @@ class ShardedDataParallel:
         elif (s.grads, s.optim) == ("N", "G"):
             grad = comm.global_reduce_scatter(grad)
         elif (s.grads, s.optim) == ("I", "I"):
-            grad = comm.all_reduce("inter", grad.float())  # fp32 all-reduce, as in the spec
+            # NII all-reduces in fp32 (spec section 5; its Adam runs R times on the result)
+            grad = comm.all_reduce("inter", grad.float() if s.params == "N" else grad)
         elif (s.grads, s.optim) == ("I", "G"):
             grad = comm.reduce_scatter("inter", grad)
         grad = grad.float().div_(self.topo.world_size)

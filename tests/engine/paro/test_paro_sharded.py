@@ -293,3 +293,35 @@ def test_horing_collectives_train_the_same_model_and_send_the_same_volume(world)
                 assert got["comm"] == records[name, 1]["comm"], (name, collective)
                 for p, r in zip(got["params"], ref["params"], strict=True):
                     torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture
+def single_rank():
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield Topology(1, 1).init_groups()
+    dist.destroy_process_group()
+
+
+def test_bad_arguments_are_rejected_by_name(single_rank):
+    with pytest.raises(ValueError, match="strategy must be one of NNN, NNG"):
+        ShardedDataParallel(TinyLM(), single_rank, "GNN", lr=LR)
+    with pytest.raises(ValueError, match="collective must be one of native, ring"):
+        ShardedDataParallel(TinyLM(), single_rank, "NNN", lr=LR, collective="nccl")
+    with pytest.raises(ValueError, match="grad_accum"):
+        ShardedDataParallel(TinyLM(), single_rank, "NNN", lr=LR, grad_accum=0)
+    with pytest.raises(ValueError, match="topo: call Topology.init_groups"):
+        ShardedDataParallel(TinyLM(), Topology(1, 1), "NNN", lr=LR)
+
+
+def test_step_refuses_an_incomplete_accumulation(single_rank):
+    dp = ShardedDataParallel(TinyLM(), single_rank, "IIG", lr=LR, grad_accum=2)
+    ids, labels = global_batch(0, 0, 1)
+    dp.forward_backward(ids, labels)
+    with pytest.raises(RuntimeError, match="after 1 forward_backward.*grad_accum is 2"):
+        dp.step(LR, CLIP)
+    dp.forward_backward(ids, labels)
+    with pytest.raises(RuntimeError, match="3 times before step"):
+        dp.forward_backward(ids, labels)
+    assert dp.step(LR, CLIP) > 0

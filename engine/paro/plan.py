@@ -1,0 +1,256 @@
+"""The PaRO planner: predicted memory and step time of every strategy, best first.
+
+Memory per device is spec section 4: M = b*Psi*f_p + b*Psi'*f_g + 12*Psi'*f_os (b = 2 for
+bf16, 4 for the fp32 CPU engine; 12 = fp32 master + Adam m and v). A strategy fits when M is
+within the budget; the transient buffers of this engine (the gathered b*Psi parameters when p
+is sharded, the b*Psi' local gradient of one backward) are reported as `peak_bytes`.
+
+Step time is the cost model of spec section 7 evaluated on the collectives this engine runs,
+which are exactly the schedule of section 5 (`schedule()`); the engine runs them after each
+backward, not overlapped with it, so the terms add up:
+
+    T = A * T_fb + sum over the schedule's collectives + t_opt
+
+with T_fb the measured or given forward+backward time of one micro-batch, every one-tier
+collective priced as a ring on that tier's `engine.horing.cost.Tier`, every global one by
+`engine.horing.cost.predict` ("native" composes intra and rail stages one after another,
+which is the "hier" model), and t_opt = read+write of the owned optimizer shard.
+
+    python -m engine.paro.plan --preset small --nodes 2 --procs-per-node 2 --budget-gb 1
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from engine.horing.cost import Links, Tier, predict
+from engine.horing.topology import Topology
+from engine.moe import PRESETS, MoEConfig, param_count, preset
+from engine.paro.strategy import STRATEGY_NAMES, Level, Strategy, parse_strategy
+
+OPTIM_BYTES = 12  # fp32 master weights + Adam's two moments, per trainable parameter
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str  # all_reduce | reduce_scatter | all_gather
+    scope: str  # intra | inter | global
+    nbytes: float  # the unsharded size
+    count: int  # how many per optimizer step
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    strategy: str
+    fits: bool
+    memory_bytes: float  # persistent params + grads + optimizer states per device
+    params_bytes: float
+    grads_bytes: float
+    optim_bytes: float
+    peak_bytes: float  # memory_bytes + this engine's transient buffers
+    step_time_s: float
+    compute_time_s: float
+    comm_time_s: float
+    optim_time_s: float
+    intra_bytes: float  # sent per device per optimizer step
+    inter_bytes: float
+    intra_calls: int
+    inter_calls: int
+
+
+def schedule(
+    strategy: Strategy, psi: float, trainable: float, grad_accum: int, dtype_bytes: int
+) -> list[Collective]:
+    """The collectives of one optimizer step, spec section 5."""
+    s, a = strategy, grad_accum
+    nii_fp32 = 4 * trainable  # NII's rail all-reduce runs in fp32 (spec section 5)
+    params, grads = dtype_bytes * psi, dtype_bytes * trainable
+    out = []
+    if s.params != "N":  # gathered before forward and again before backward
+        out.append(Collective("all_gather", _scope(s.params), params, 2 * a))
+    if s.grads != "N":
+        out.append(Collective("reduce_scatter", _scope(s.grads), grads, a))
+    boundary = {
+        ("N", "N"): [Collective("all_reduce", "global", grads, 1)],
+        ("N", "G"): [Collective("reduce_scatter", "global", grads, 1)],
+        ("I", "I"): [Collective("all_reduce", "inter", nii_fp32 if s.params == "N" else grads, 1)],
+        ("I", "G"): [Collective("reduce_scatter", "inter", grads, 1)],
+        ("G", "G"): [],
+    }[s.grads, s.optim]
+    sync = {
+        ("N", "G"): [Collective("all_gather", "global", grads, 1)],
+        ("N", "I"): [Collective("all_gather", "intra", grads, 1)],
+        ("I", "G"): [Collective("all_gather", "inter", grads, 1)],
+    }.get((s.params, s.optim), [])
+    return out + boundary + sync
+
+
+def plan(
+    model_config: MoEConfig | int,
+    topology: Topology,
+    memory_budget_bytes: float,
+    grad_accum: int,
+    links: Links,
+    *,
+    trainable: int | None = None,
+    compute_time_s: float = 0.0,
+    dtype_bytes: int = 2,
+    collective: str = "native",
+    optimizer_bytes_per_s: float = 1e12,
+) -> list[PlanRow]:
+    """Every strategy with its predicted memory and step time; those that fit first, fastest
+    first, then the rest by memory. `model_config` is an MoEConfig or a parameter count;
+    `trainable` (Psi') defaults to all parameters; `compute_time_s` is one micro-batch's
+    forward+backward; `links` the two tiers (engine.horing.cost.calibrate measures them)."""
+    psi = param_count(model_config) if isinstance(model_config, MoEConfig) else model_config
+    trainable = psi if trainable is None else trainable
+    checks = {
+        "model_config": psi >= 1,
+        "trainable": 0 <= trainable <= psi,
+        "memory_budget_bytes": memory_budget_bytes >= 0,
+        "grad_accum": grad_accum >= 1,
+        "compute_time_s": compute_time_s >= 0,
+        "dtype_bytes": dtype_bytes in (2, 4),
+        "optimizer_bytes_per_s": optimizer_bytes_per_s > 0,
+    }
+    for name, ok in checks.items():
+        if not ok:
+            raise ValueError(f"{name}: invalid value for the planner ({locals().get(name)!r})")
+    g, n = topology.procs_per_node, topology.world_size
+    rows = []
+    for name in STRATEGY_NAMES:
+        s = parse_strategy(name)
+        share = {"N": 1.0, "I": 1.0 / g, "G": 1.0 / n}
+        p_bytes = dtype_bytes * psi * share[s.params]
+        g_bytes = dtype_bytes * trainable * share[s.grads]
+        o_bytes = OPTIM_BYTES * trainable * share[s.optim]
+        memory = p_bytes + g_bytes + o_bytes
+        transient = dtype_bytes * trainable + (dtype_bytes * psi if s.params != "N" else 0)
+        colls = schedule(s, psi, trainable, grad_accum, dtype_bytes)
+        comm = sum(c.count * _time(c, topology, links, collective) for c in colls)
+        volume = _volumes(colls, topology)
+        optim_time = 2 * o_bytes / optimizer_bytes_per_s
+        compute = grad_accum * compute_time_s
+        rows.append(
+            PlanRow(
+                strategy=name,
+                fits=memory <= memory_budget_bytes,
+                memory_bytes=memory,
+                params_bytes=p_bytes,
+                grads_bytes=g_bytes,
+                optim_bytes=o_bytes,
+                peak_bytes=memory + transient,
+                step_time_s=compute + comm + optim_time,
+                compute_time_s=compute,
+                comm_time_s=comm,
+                optim_time_s=optim_time,
+                **volume,
+            )
+        )
+    return sorted(rows, key=lambda r: (not r.fits, r.step_time_s if r.fits else r.memory_bytes))
+
+
+def _scope(level: Level) -> str:
+    return "intra" if level == "I" else "global"
+
+
+def _ring(op: str, nbytes: float, members: int, tier: Tier) -> float:
+    if members == 1:
+        return 0.0
+    steps = (2 if op == "all_reduce" else 1) * (members - 1)
+    return steps * tier.step(nbytes / members)
+
+
+def _time(c: Collective, topo: Topology, links: Links, collective: str) -> float:
+    if c.scope == "intra":
+        return _ring(c.op, c.nbytes, topo.procs_per_node, links.intra)
+    if c.scope == "inter":  # the rail carries 1/g of the buffer: an I <-> G conversion
+        return _ring(c.op, c.nbytes / topo.procs_per_node, topo.nodes, links.inter)
+    algo = "hier" if collective == "native" else collective
+    return predict(algo, c.op, int(c.nbytes), topo, links)
+
+
+def _volumes(colls: list[Collective], topo: Topology) -> dict[str, float]:
+    """Bytes and calls per tier, counted as engine.paro.comm counts them."""
+    g, r = topo.procs_per_node, topo.nodes
+    out = {"intra_bytes": 0.0, "inter_bytes": 0.0, "intra_calls": 0, "inter_calls": 0}
+
+    def add(tier: str, members: int, nbytes: float, factor: int, count: int) -> None:
+        if members > 1:
+            out[f"{tier}_bytes"] += count * factor * (members - 1) / members * nbytes
+            out[f"{tier}_calls"] += count
+
+    for c in colls:
+        factor = 2 if c.op == "all_reduce" else 1
+        if c.scope == "intra":
+            add("intra", g, c.nbytes, factor, c.count)
+        elif c.scope == "inter":
+            add("inter", r, c.nbytes / g, factor, c.count)
+        else:  # the intra part of an all-reduce is a reduce-scatter and an all-gather
+            add("intra", g, c.nbytes, 1, c.count * factor)
+            add("inter", r, c.nbytes / g, factor, c.count)
+    return out
+
+
+def format_table(rows: list[PlanRow], budget: float) -> str:
+    gb = 1e9
+    head = (
+        f"{'rank':>4} {'strategy':>8} {'fits':>4} {'memory GB':>10} {'margin GB':>10} "
+        f"{'peak GB':>9} {'step s':>10} {'comm s':>10} {'inter GB':>9} {'intra GB':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for i, r in enumerate(rows, 1):
+        lines.append(
+            f"{i:>4} {r.strategy:>8} {'yes' if r.fits else 'no':>4} {r.memory_bytes / gb:>10.3f} "
+            f"{(budget - r.memory_bytes) / gb:>10.3f} {r.peak_bytes / gb:>9.3f} "
+            f"{r.step_time_s:>10.4f} {r.comm_time_s:>10.4f} {r.inter_bytes / gb:>9.3f} "
+            f"{r.intra_bytes / gb:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m engine.paro.plan", description=__doc__.split("\n")[0]
+    )
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", choices=sorted(PRESETS), help="an engine.moe preset")
+    model.add_argument("--params", type=float, help="parameter count, e.g. 6.74e9")
+    ap.add_argument("--trainable", type=float, help="trainable parameters (default: all)")
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--procs-per-node", type=int, required=True)
+    ap.add_argument("--budget-gb", type=float, required=True, help="model-state GB per device")
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--intra-gbps", type=float, default=800.0, help="Gbit/s per rank in a node")
+    ap.add_argument("--inter-gbps", type=float, default=100.0, help="Gbit/s per NIC")
+    ap.add_argument("--intra-latency-us", type=float, default=5.0)
+    ap.add_argument("--inter-latency-us", type=float, default=20.0)
+    ap.add_argument("--compute-s", type=float, default=0.0, help="fwd+bwd per micro-batch")
+    ap.add_argument("--dtype-bytes", type=int, default=2, choices=(2, 4))
+    ap.add_argument("--collective", default="native", choices=("native", "ring", "hier", "horing"))
+    args = ap.parse_args(argv)
+    model_config = preset(args.preset) if args.preset else int(args.params)
+    links = Links(
+        intra=Tier(args.intra_latency_us * 1e-6, args.intra_gbps * 1e9 / 8),
+        inter=Tier(args.inter_latency_us * 1e-6, args.inter_gbps * 1e9 / 8),
+    )
+    try:
+        rows = plan(
+            model_config,
+            Topology(args.nodes, args.procs_per_node),
+            args.budget_gb * 1e9,
+            args.grad_accum,
+            links,
+            trainable=None if args.trainable is None else int(args.trainable),
+            compute_time_s=args.compute_s,
+            dtype_bytes=args.dtype_bytes,
+            collective=args.collective,
+        )
+    except ValueError as e:
+        ap.error(str(e))
+    print(format_table(rows, args.budget_gb * 1e9))
+
+
+if __name__ == "__main__":
+    main()
