@@ -1,6 +1,7 @@
 """Reshard on load: a checkpoint saved by one layout and world size loads into any other.
 
-The shards follow PaRO's nested layout: the I partition splits a flat buffer among the
+Simulated ranks in one process (test_checkpoint_paro.py does it with real gloo ranks). The
+shards follow PaRO's nested layout: the I partition splits a flat buffer among the
 procs of a node (replicated across nodes), the G partition splits each I piece further
 across the nodes of its rail, and N is replicated. One rank of each replica set saves.
 """
@@ -12,8 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.checkpoint import (
     Checkpointer,
@@ -173,36 +172,3 @@ def test_wrong_targets_are_named_in_the_error(tmp_path):
         load_into(tmp_path, {"params": (torch.empty(3), 0, 999)})
     with pytest.raises(CheckpointError, match=r"'params': range \[1000, 1010\) is outside"):
         load(tmp_path, {"params": [(1000, 10)]})
-
-
-def _gloo_worker(rank: int, init: str, directory: str) -> None:
-    """Four gloo ranks save on 2x2 (IIG); then ranks 0-1, as a world of 2 (GGG on 1x2), restore."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=4)
-    try:
-        meta = {"strategy": "IIG", "nodes": 2, "procs_per_node": 2}
-        ckpt = Checkpointer(directory, rank=rank, world_size=4, memory_dir=None, meta=meta)
-        for step in (10, 20):
-            state = sharded(full_state(step), 2, 2, rank, IIG, saving=True)
-            ckpt.save(step, state, {"rng": torch.get_rng_state(), "rank": rank})
-        ckpt.close()
-        dist.barrier()
-        world_of_two = dist.new_group([0, 1])
-        if rank >= 2:
-            return
-        full = full_state(20)
-        empty = {k: torch.empty_like(v) for k, v in full.items()}
-        targets = sharded(empty, 1, 2, rank, GGG)
-        restored = restore([directory], targets, group=world_of_two)
-        assert restored.step == 20 and restored.skipped == []
-        assert restored.checkpoint.meta == meta and restored.checkpoint.world_size == 4
-        assert torch.equal(restored.extras(rank)["rng"], torch.get_rng_state())
-        for name, (shard, offset, _) in targets.items():
-            assert_same_bytes(shard, full[name][offset : offset + shard.numel()])
-    finally:
-        dist.destroy_process_group()
-
-
-def test_real_gloo_ranks_save_on_2x2_and_restore_on_1x2(tmp_path):
-    init = f"file://{tmp_path}/rendezvous"
-    mp.spawn(_gloo_worker, args=(init, str(tmp_path / "checkpoints")), nprocs=4)
