@@ -77,42 +77,45 @@ class OpAggregator:
 
     def _summarise(self, step: int, rows: torch.Tensor) -> dict[str, Any]:
         ranks = self._group_ranks(rows.shape[0])
-        k = len(_RANK_FIELDS)
+        table = rows.tolist()  # plain floats: per-element tensor indexing costs microseconds
+        k, f = len(_RANK_FIELDS), len(_OP_FIELDS)
         ops: dict[str, Any] = {}
         for j, name in enumerate(self.names):
-            block = rows[:, k + j * len(_OP_FIELDS): k + (j + 1) * len(_OP_FIELDS)]
-            ran = (block[:, 0] > 0).nonzero().flatten().tolist()
+            block = [row[k + j * f: k + (j + 1) * f] for row in table]
+            ran = [i for i, b in enumerate(block) if b[0] > 0]
             if not ran:
                 continue
-            totals = [block[i, 1].item() for i in ran]
+            totals = [block[i][1] for i in ran]
             median = statistics.median(totals)
-            count = int(block[:, 0].max().item())
+            count = int(max(b[0] for b in block))
             meta = self.meta[name]
             entry: dict[str, Any] = {
                 "kind": meta["kind"], "count": count,
                 "total_ms": sum(totals) / len(totals), "mean_ms": median / count,
                 "min_ms": min(totals), "median_ms": median, "max_ms": max(totals),
-                "max_call_ms": block[:, 2].max().item(),
+                "max_call_ms": max(b[2] for b in block),
                 "slowest_rank": ranks[ran[totals.index(max(totals))]],
-                "per_rank_ms": block[:, 1].tolist(),
+                "per_rank_ms": [b[1] for b in block],
             }
-            work = block[:, 3].max().item()
+            work = max(b[3] for b in block)
             if meta["kind"] == "matmul":
                 entry["tflops"] = OpStats(name, "matmul", count, median, 0, 0,
                                           flops=int(work)).tflops
             elif meta["kind"] == "collective":
+                bus_bytes = max(b[4] for b in block)
                 entry.update(bytes=int(work), group=meta["group"], algo=meta["algo"],
                              collective=meta["collective"],
                              busbw_gbps=OpStats(name, "collective", count, median, 0, 0,
-                                                bus_bytes=block[:, 4].max().item()).busbw_gbps)
+                                                bus_bytes=bus_bytes).busbw_gbps)
             ops[name] = entry
-        per_rank = [dict(zip(("rank", *_RANK_FIELDS[1:]), (r, *row[1:k].tolist()), strict=True))
-                    for r, row in zip(ranks, rows, strict=True)]
+        per_rank = [dict(zip(("rank", *_RANK_FIELDS[1:]), (r, *row[1:k]), strict=True))
+                    for r, row in zip(ranks, table, strict=True)]
         return {
             "step": step,
-            "step_ms": rows[:, 1].max().item(),
-            "void_share": rows[:, 5].mean().item(),
-            "data_wait_share": (rows[:, 4] / rows[:, 1].clamp_min(1e-9)).mean().item(),
+            "step_ms": max(row[1] for row in table),
+            "void_share": statistics.fmean(row[5] for row in table),
+            "data_wait_share": statistics.fmean(row[4] / row[1] if row[1] > 0 else 0.0
+                                                for row in table),
             "ops": ops,
             "ranks": per_rank,
         }
