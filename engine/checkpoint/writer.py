@@ -66,7 +66,7 @@ class _Job:
     staging: torch.Tensor
     nbytes: int
     shards: list[dict[str, Any]]
-    extras: dict[str, int] | None
+    extras: dict[str, int]
     to_disk: bool
     meta: dict[str, Any]
     time: float
@@ -78,10 +78,10 @@ class Checkpointer:
     directory: the disk tier (`checkpoint.dir`). memory_dir: the memory tier, "auto" for
     `default_memory_dir(directory)`, None to have none. keep / memory_keep: how many newest
     good checkpoints each tier keeps besides pinned ones. every / memory_every: the schedule
-`due()` reads (steps between disk / memory-only saves; 0 = never). meta: JSON facts stored in every
-    manifest (strategy, nodes, procs_per_node...). run_id: a string equal on all ranks of
-    this incarnation of the job; by default rank 0 draws one and broadcasts it over `group`
-    (a collective), or draws it alone when the world is 1.
+    `due()` reads (`checkpoint.every` and `checkpoint.memory_every`; 0 = never). meta: JSON
+    facts stored in every manifest (strategy, nodes, procs_per_node...). run_id: a string
+    equal on all ranks of this incarnation of the job; by default rank 0 draws one and
+    broadcasts it over `group` (a collective), or draws it alone when the world is 1.
     """
 
     def __init__(
@@ -103,8 +103,10 @@ class Checkpointer:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if keep < 0 or memory_keep < 0:
-            raise ValueError(f"keep and memory_keep must be >= 0, got {keep} and {memory_keep}")
+        for name, value in (("keep", keep), ("memory_keep", memory_keep), ("every", every),
+                            ("memory_every", memory_every)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         self.directory = Path(directory)
         self.memory_dir = default_memory_dir(directory) if memory_dir == "auto" else memory_dir
         self.memory_dir = Path(self.memory_dir) if self.memory_dir is not None else None
@@ -127,24 +129,6 @@ class Checkpointer:
         self._thread.start()
         # a clean interpreter exit flushes pending saves (daemon threads still run in atexit)
         atexit.register(_close_if_alive, weakref.ref(self))
-
-    @classmethod
-    def from_spec(
-        cls, checkpoint: Any, run_name: str, *, rank: int, world_size: int, **kwargs: Any
-    ) -> Checkpointer:
-        """From a job spec's `checkpoint` section (every, keep, memory_every, dir)."""
-        directory = checkpoint.dir or os.path.join("runs", run_name, "checkpoints")
-        if checkpoint.memory_every <= 0:
-            kwargs.setdefault("memory_dir", None)
-        return cls(
-            directory,
-            rank=rank,
-            world_size=world_size,
-            keep=checkpoint.keep,
-            every=checkpoint.every,
-            memory_every=checkpoint.memory_every,
-            **kwargs,
-        )
 
     def due(self, step: int) -> str | None:
         """"disk", "memory" or None: which save the schedule asks for at `step`."""

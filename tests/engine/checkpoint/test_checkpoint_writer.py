@@ -17,13 +17,13 @@ import engine.checkpoint.writer as writer
 from engine.checkpoint import (
     Checkpointer,
     CheckpointError,
+    default_memory_dir,
     list_checkpoints,
     load,
     pin,
     read_extras,
     unpin,
 )
-from engine.runtime.spec import CheckpointSpec
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[3]
@@ -114,19 +114,17 @@ def test_forget_after_drops_the_abandoned_timeline_in_both_tiers(tmp_path):
     assert steps_in(tmp_path / "disk") == steps_in(tmp_path / "mem") == [10, 20]
 
 
-def test_schedule_from_the_job_spec(tmp_path):
-    spec = CheckpointSpec(every=10, keep=2, memory_every=5, dir=str(tmp_path))
-    ckpt = Checkpointer.from_spec(spec, "run", rank=0, world_size=1)
+def test_the_schedule_says_which_tier_is_due(tmp_path):
+    ckpt = Checkpointer(tmp_path, every=10, memory_every=5, memory_dir=tmp_path / "mem")
     assert [ckpt.due(s) for s in (5, 10, 11)] == ["memory", "disk", None]
-    assert ckpt.directory == tmp_path and ckpt.keep == 2
-    assert ckpt.memory_dir is not None and str(ckpt.memory_dir).startswith(("/dev/shm", "/tmp"))
     ckpt.close()
-    no_memory = Checkpointer.from_spec(CheckpointSpec(dir=str(tmp_path)), "run", rank=0,
-                                       world_size=1)
-    assert no_memory.memory_dir is None and no_memory.due(5) is None
+    disk_only = Checkpointer(tmp_path, every=10, memory_every=5, memory_dir=None)
+    assert [disk_only.due(s) for s in (5, 10)] == [None, "disk"]
     with pytest.raises(CheckpointError, match="to_disk=False needs a memory tier"):
-        no_memory.save(5, state(1), to_disk=False)
-    no_memory.close()
+        disk_only.save(5, state(1), to_disk=False)
+    disk_only.close()
+    assert str(default_memory_dir(tmp_path)).startswith("/dev/shm/ringside-ckpt-")
+    assert default_memory_dir(tmp_path) == default_memory_dir(str(tmp_path) + "/")
 
 
 def test_bad_input_is_named(tmp_path):
@@ -139,6 +137,8 @@ def test_bad_input_is_named(tmp_path):
         ckpt.save(-1, state(1))
     with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
         Checkpointer(tmp_path, rank=2, world_size=2, run_id="x")
+    with pytest.raises(ValueError, match="memory_every must be >= 0, got -1"):
+        Checkpointer(tmp_path, memory_every=-1)
     ckpt.close()
 
 
