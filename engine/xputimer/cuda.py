@@ -56,6 +56,7 @@ class CudaEventTimer:
             self._open.pop(id(span), None)
             return
         span.events[1].record(torch.cuda.current_stream())
+        span.deferred = True  # in flight until the device reaches the end event
         self._pending.append((span, torch.cuda.current_stream().stream_id))
 
     def _reference(self, stream: torch.cuda.Stream) -> None:

@@ -1,6 +1,7 @@
 """Hang watchdog: a daemon thread per rank that knows the op in flight (spec §5).
 
-It fires when the oldest op still in flight is older than `timeout_s`, or, with no op in
+It fires when an op in flight is older than `timeout_s` - the innermost host op (an outer op
+whose inner ops keep finishing is making progress) or any async op - or, with no op in
 flight, when no step has ended for `timeout_s` (a rank stuck between timed ops). On firing it
 dumps every thread's Python stack of this process with faulthandler into `dump_dir`, then
 calls `on_hang` with a `hang` Anomaly naming the rank and the op (with its group and
@@ -64,8 +65,12 @@ class HangWatchdog:
         """One look; returns the anomaly if it fired now."""
         now = perf_counter_ns()
         in_flight = self.timer.in_flight()
-        if in_flight:
-            span = in_flight[0]
+        # a host op is stuck only if nothing inside it moves: look at the innermost one; an
+        # async op (or one queued on a device) is stuck on its own
+        host = [s for s in in_flight if not s.deferred]
+        stuck = [s for s in in_flight if s.deferred] + host[-1:]
+        if stuck:
+            span = min(stuck, key=lambda s: s.t0)
             age, key = now - span.t0, span
             evidence = {"op": span.info.name, "op_kind": span.info.kind, "seq": span.seq,
                         "ops_in_flight": [s.info.name for s in in_flight]}

@@ -55,6 +55,23 @@ def test_fires_once_per_stuck_op_and_not_for_ops_within_the_timeout(tmp_path):
     assert [a.evidence["op"] for a in fired] == ["forward"]
 
 
+def test_an_outer_op_whose_inner_ops_progress_is_not_a_hang(tmp_path):
+    timer = OpTimer()
+    fired: list[Anomaly] = []
+    dog = HangWatchdog(timer, timeout_s=0.3, dump_dir=tmp_path, on_hang=fired.append,
+                       poll_s=0.02).start()
+    try:
+        with timer.op("backward"):
+            for _ in range(8):
+                with timer.op("grad_sync", kind="collective", group="global"):
+                    time.sleep(0.1)
+            assert fired == []
+            time.sleep(0.6)  # now nothing inside moves
+    finally:
+        dog.stop()
+    assert [a.evidence["op"] for a in fired] == ["backward"]
+
+
 def test_a_rank_stuck_between_timed_ops_is_caught_by_step_progress(tmp_path):
     timer = OpTimer()
     with timer.op("data", kind="data"):
