@@ -1,0 +1,171 @@
+"""MoE layer forward+backward: ours vs transformers' DeepseekV3MoE (moe.md section 7).
+
+Same shapes, same weights (copied), outputs and gradients checked equal before timing.
+CPU, fp32, 2 threads; the implementations are timed round-robin (one call of each per
+round) so that a change in machine load hits them alike; median over the rounds.
+Also reports our layer's achieved GFLOP/s as a fraction of one dense `torch.mm` with the
+same FLOPs. Prints one JSON document.
+
+    .venv/bin/python bench/moe_layer.py [--rounds 7] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformers import DeepseekV3Config  # noqa: E402
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE  # noqa: E402
+
+from engine.moe import preset  # noqa: E402
+from engine.moe.model import MoE  # noqa: E402
+
+THREADS = 2
+# name, hidden, experts, top-k, expert width, groups, kept groups, tokens
+SHAPES = [
+    ("tiny", 256, 64, 4, 64, 8, 4, 2048),
+    ("large_d384_e32", 384, 32, 2, 128, 4, 2, 4096),
+    ("large_d512_e64", 512, 64, 6, 128, 8, 4, 4096),
+]
+HF_IMPLS = ("eager", "grouped_mm")
+
+
+def build(shape):
+    _, d, e, k, f, groups, kept, _ = shape
+    config = preset("tiny").replace(
+        hidden_size=d, num_experts=e, num_experts_per_tok=k, moe_intermediate_size=f,
+        n_group=groups, topk_group=kept, num_shared_experts=1,
+    )
+    torch.manual_seed(0)
+    ours = MoE(config)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0.0, 0.02)
+    hf = {}
+    for impl in HF_IMPLS:
+        hf_config = DeepseekV3Config(
+            hidden_size=d, moe_intermediate_size=f, n_routed_experts=e, num_experts_per_tok=k,
+            n_shared_experts=1, n_group=groups, topk_group=kept,
+            routed_scaling_factor=config.routed_scaling_factor, norm_topk_prob=True,
+        )
+        hf_config._experts_implementation = impl
+        layer = DeepseekV3MoE(hf_config)
+        with torch.no_grad():
+            layer.gate.weight.copy_(ours.router.weight)
+            layer.gate.e_score_correction_bias.copy_(ours.router.expert_bias)
+            layer.experts.gate_up_proj.copy_(ours.experts.gate_up)
+            layer.experts.down_proj.copy_(ours.experts.down)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(layer.shared_experts, name).weight.copy_(getattr(ours.shared, name).weight)
+        hf[impl] = layer
+    return ours, hf
+
+
+def step(layer, x, grad):
+    """One forward+backward; returns the output and the input gradient."""
+    x = x.detach().requires_grad_()
+    out = layer(x)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(grad)
+    for p in layer.parameters():
+        p.grad = None
+    return out.detach(), x.grad
+
+
+def layer_flops(shape) -> float:
+    _, d, e, k, f, _, _, tokens = shape
+    router, routed, shared = 2 * tokens * d * e, 6 * tokens * k * d * f, 6 * tokens * d * f
+    forward = router + routed + shared
+    return 3.0 * forward  # backward is twice the forward
+
+
+def time_round_robin(fns: dict, rounds: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def bench_shape(shape, rounds: int) -> dict:
+    name, d, *_, tokens = shape
+    ours, hf = build(shape)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, tokens, d, generator=g)
+    grad = torch.randn(1, tokens, d, generator=g)
+
+    reference_out, reference_dx = step(ours, x, grad)
+    max_diff = {}
+    for impl, layer in hf.items():
+        out, dx = step(layer, x, grad)
+        max_diff[impl] = max((out - reference_out).abs().max().item(),
+                             (dx - reference_dx).abs().max().item())
+        torch.testing.assert_close(out, reference_out, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(dx, reference_dx, atol=1e-6, rtol=1e-5)
+
+    flops = layer_flops(shape)
+    dense_n = max(64, round(flops / (2 * tokens * d) / 64) * 64)
+    a, b = torch.randn(tokens, d), torch.randn(d, dense_n)
+    fns = {"ours": lambda: step(ours, x, grad)}
+    for impl, layer in hf.items():
+        fns[f"hf_{impl}"] = lambda layer=layer: step(layer, x, grad)
+    fns["dense_mm"] = lambda: torch.mm(a, b)
+    for fn in fns.values():  # warm-up
+        fn()
+    ms = time_round_robin(fns, rounds)
+    ours_gflops = flops / ms["ours"] / 1e6
+    dense_gflops = 2 * tokens * d * dense_n / ms["dense_mm"] / 1e6
+    hf_best = min(ms[f"hf_{impl}"] for impl in HF_IMPLS)
+    return {
+        "shape": dict(zip(["hidden", "experts", "top_k", "expert_ffn", "groups", "kept_groups",
+                           "tokens"], shape[1:], strict=True)),
+        "ms": {k: round(v, 2) for k, v in ms.items()},
+        "max_abs_diff_vs_ours": max_diff,
+        "ours_gflops": round(ours_gflops, 1),
+        "dense_mm_gflops": round(dense_gflops, 1),
+        "dense_mm_shape": [tokens, d, dense_n],
+        "speedup_vs_hf_best": round(hf_best / ms["ours"], 3),
+        "speedup_vs_hf_eager": round(ms["hf_eager"] / ms["ours"], 3),
+        "fraction_of_dense_mm": round(ours_gflops / dense_gflops, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per shape")
+    parser.add_argument("--quick", action="store_true", help="tiny shape only, 3 rounds")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    rounds = 3 if args.quick else args.rounds
+    results = {shape[0]: bench_shape(shape, rounds) for shape in shapes}
+    large = [results[s[0]] for s in SHAPES[1:] if s[0] in results]
+    ratios = {"layer_vs_hf_best_tiny": results["tiny"]["speedup_vs_hf_best"]}
+    if large:
+        ratios["layer_vs_hf_best_large"] = large[0]["speedup_vs_hf_best"]
+        ratios["layer_vs_dense_mm_large"] = min(r["fraction_of_dense_mm"] for r in large)
+    ratios["layer_vs_hf_eager_min"] = min(r["speedup_vs_hf_eager"] for r in results.values())
+    print(json.dumps({
+        "benchmark": "moe_layer",
+        "device": "cpu", "dtype": "float32", "threads": THREADS, "rounds": rounds,
+        "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "ratios": ratios,
+        "shapes": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
