@@ -39,6 +39,8 @@ function addStep(event) {
     Plotly.extendTraces(`chart-${name}`, { x: [[event.step]], y: [[typeof value === "number" ? value : null]] }, [0]);
   }
   stepEl.textContent = event.step;
+  // how many steps arrived live (after the snapshot): what the browser tests look for
+  root.dataset.liveSteps = Number(root.dataset.liveSteps ?? 0) + 1;
 }
 
 function showState(next, error) {
@@ -46,6 +48,7 @@ function showState(next, error) {
   stateEl.textContent = next;
   stateEl.className = `state state-${next}`;
   cancelButton.disabled = FINAL.has(next);
+  if (FINAL.has(next)) liveEl.textContent = "finished";
   if (error) {
     errorEl.textContent = error;
     errorEl.hidden = false;
@@ -56,7 +59,7 @@ let retry = 500;
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/`);
-  socket.onopen = () => { retry = 500; liveEl.textContent = "live"; };
+  socket.onopen = () => { retry = 500; liveEl.textContent = FINAL.has(state) ? "finished" : "live"; };
   socket.onmessage = ({ data }) => {
     const message = JSON.parse(data);
     if (message.type === "snapshot") {
