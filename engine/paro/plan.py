@@ -1,8 +1,8 @@
 """The PaRO planner: predicted memory and step time of every strategy, best first.
 
-Memory per device is spec section 4: M = b*Psi*f_p + b*Psi'*f_g + 12*Psi'*f_os (b = 2 for
-bf16, 4 for the fp32 CPU engine; 12 = fp32 master + Adam m and v). A strategy fits when M is
-within the budget; the transient buffers of this engine (the gathered b*Psi parameters when p
+Memory per device is spec section 4: M = b*Psi*f_p + b*Psi'*f_g + o*Psi'*f_os, with b = 2 and
+o = 12 (fp32 master, Adam m and v) for bf16, b = 4 and o = 8 for the fp32 CPU engine, whose
+parameters are their own master weights. A strategy fits when M is within the budget; the transient buffers of this engine (the gathered b*Psi parameters when p
 is sharded, the b*Psi' local gradient of one backward) are reported as `peak_bytes`.
 
 Step time is the cost model of spec section 7 evaluated on the collectives this engine runs,
@@ -28,8 +28,6 @@ from engine.horing.cost import Links, Tier, predict
 from engine.horing.topology import Topology
 from engine.moe import PRESETS, MoEConfig, param_count, preset
 from engine.paro.strategy import STRATEGY_NAMES, Level, Strategy, parse_strategy
-
-OPTIM_BYTES = 12  # fp32 master weights + Adam's two moments, per trainable parameter
 
 
 @dataclass(frozen=True)
@@ -118,13 +116,15 @@ def plan(
         if not ok:
             raise ValueError(f"{name}: invalid value for the planner ({locals().get(name)!r})")
     g, n = topology.procs_per_node, topology.world_size
+    # fp32 master weights + Adam's m and v; fp32 parameters are their own master weights
+    optim_bytes = 12 if dtype_bytes == 2 else 8
     rows = []
     for name in STRATEGY_NAMES:
         s = parse_strategy(name)
         share = {"N": 1.0, "I": 1.0 / g, "G": 1.0 / n}
         p_bytes = dtype_bytes * psi * share[s.params]
         g_bytes = dtype_bytes * trainable * share[s.grads]
-        o_bytes = OPTIM_BYTES * trainable * share[s.optim]
+        o_bytes = optim_bytes * trainable * share[s.optim]
         memory = p_bytes + g_bytes + o_bytes
         transient = dtype_bytes * trainable + (dtype_bytes * psi if s.params != "N" else 0)
         colls = schedule(s, psi, trainable, grad_accum, dtype_bytes)

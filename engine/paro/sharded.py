@@ -90,7 +90,16 @@ class ShardedDataParallel:
         for p, off in zip(params, self._offsets, strict=True):
             p.data = full[off : off + p.numel()].view_as(p)
         self._param_shard = self._own(full, s.params).clone() if s.params != "N" else None
-        self._master = self._own(full, s.optim).to(torch.float32, copy=True)
+        # fp32 parameters are their own master weights: the optimizer's shard is a view into
+        # the parameter shard (the nested layout puts it inside); other dtypes keep a copy
+        self._master_is_param = full.dtype == torch.float32
+        if self._master_is_param:
+            param_storage = full if s.params == "N" else self._param_shard
+            base = self.layout.start(s.params, self._group, self._local)
+            start = self.layout.start(s.optim, self._group, self._local) - base
+            self._master = param_storage[start : start + lay.size(s.optim)]
+        else:
+            self._master = self._own(full, s.optim).to(torch.float32, copy=True)
         self._exp_avg = torch.zeros_like(self._master)
         self._exp_avg_sq = torch.zeros_like(self._master)
         self._grad = full.new_zeros(lay.size(s.grads))
@@ -167,7 +176,8 @@ class ShardedDataParallel:
     def state_bytes(self) -> dict[str, int]:
         """Bytes this rank holds persistently for parameters, gradients and optimizer states."""
         params = self._full if self.strategy.params == "N" else self._param_shard
-        optim = (self._master, self._exp_avg, self._exp_avg_sq)
+        optim = (self._exp_avg, self._exp_avg_sq)
+        optim += () if self._master_is_param else (self._master,)
         return {
             "params": _nbytes(params),
             "grads": _nbytes(self._grad),
@@ -283,7 +293,10 @@ class ShardedDataParallel:
     def _sync_params(self) -> None:
         """Bring the updated master shard back to the parameters' level."""
         s, comm = self.strategy, self.comm
-        values = self._master.to(self._full.dtype)
+        if s.params == s.optim and self._master_is_param:
+            return  # AdamW updated the parameters in place
+        # a copy, also when the master is a view: the gathers below write over its storage
+        values = self._master.to(self._full.dtype, copy=True)
         if s.params == s.optim:
             (self._full if s.params == "N" else self._param_shard).copy_(values)
         elif (s.params, s.optim) == ("N", "G"):

@@ -213,8 +213,9 @@ def test_clipping_was_active():
 
 def test_state_bytes_follow_the_memory_formula(world):
     """Spec section 4 with the engine's CPU element sizes: 4 bytes per parameter and per
-    gradient, 12 per parameter of optimizer state (fp32 master, m, v); f_N = 1, f_I = 1/g,
-    f_G = 1/N, over the flat buffer padded to a multiple of N."""
+    gradient, 8 per parameter of optimizer state (Adam's m and v; fp32 parameters are their
+    own master weights); f_N = 1, f_I = 1/g, f_G = 1/N, over the flat buffer padded to a
+    multiple of N."""
     g, n = world["per_node"], world["size"]
     share = {"N": 1, "I": g, "G": n}
     for name in STRATEGY_NAMES:
@@ -226,7 +227,7 @@ def test_state_bytes_follow_the_memory_formula(world):
             assert got["state_bytes"] == {
                 "params": 4 * psi // share[s.params],
                 "grads": 4 * psi // share[s.grads],
-                "optim": 12 * psi // share[s.optim],
+                "optim": 8 * psi // share[s.optim],
             }, name
 
 
