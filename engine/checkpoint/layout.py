@@ -118,20 +118,19 @@ def inspect(path: str | os.PathLike[str], verify: bool = False) -> CheckpointInf
     info.pinned = (path / PINNED).exists()
     try:
         manifest = json.loads((path / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT_VERSION:
+            info.problem = f"manifest format {manifest.get('format')!r}, expected {FORMAT_VERSION}"
+            return info
+        info.step, info.world_size = int(manifest["step"]), int(manifest["world_size"])
+        info.meta = manifest["meta"]
+        info.size = sum(part["nbytes"] for part in manifest["parts"])
     except FileNotFoundError:
         info.problem = "no manifest (incomplete: the save did not finish)"
         return info
-    except (OSError, ValueError) as e:
-        info.problem = f"unreadable manifest: {e}"
-        return info
-    if manifest.get("format") != FORMAT_VERSION:
-        info.problem = f"manifest format {manifest.get('format')!r}, expected {FORMAT_VERSION}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        info.problem = f"unreadable manifest: {e!r}"
         return info
     info.manifest = manifest
-    info.step = manifest["step"]
-    info.world_size = manifest["world_size"]
-    info.meta = manifest.get("meta", {})
-    info.size = sum(part["nbytes"] for part in manifest["parts"])
     for part in manifest["parts"]:
         problem = _check_data_file(path / part["file"], part, verify)
         if problem:

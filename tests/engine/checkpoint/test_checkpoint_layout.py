@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def save_two_ranks(directory: Path, steps: list[int], run_id: str = "run") -> None:
-    ranks = [Checkpointer(directory, rank=r, world_size=2, run_id=run_id, memory_dir=None)
+    ranks = [Checkpointer(directory, rank=r, world_size=2, run_id=run_id, memory_dir=None, keep=5)
              for r in range(2)]
     for step in steps:
         for r, ckpt in enumerate(ranks):
@@ -112,13 +112,16 @@ def test_a_flipped_byte_is_found_when_read_and_the_previous_one_is_loaded(tmp_pa
 
 
 def test_a_lost_manifest_or_file_is_reported(tmp_path):
-    save_two_ranks(tmp_path, [10, 20, 30])
-    (tmp_path / "step-000030" / "MANIFEST.json").write_text("{not json")
+    save_two_ranks(tmp_path, [10, 20, 30, 40])
+    (tmp_path / "step-000040" / "MANIFEST.json").write_text("{not json")
+    (tmp_path / "step-000030" / "MANIFEST.json").write_text('{"format": 1, "step": 30}')
     data_file(tmp_path, 20, 0).unlink()
     latest, skipped = find_latest_good(tmp_path)
     assert latest.step == 10
-    assert "unreadable manifest" in skipped[0].problem
-    assert "missing file" in skipped[1].problem
+    assert [s.step for s in skipped] == [40, 30, 20]
+    assert "unreadable manifest: JSONDecodeError" in skipped[0].problem
+    assert "unreadable manifest: KeyError('world_size')" in skipped[1].problem
+    assert "missing file" in skipped[2].problem
 
 
 def test_the_memory_tier_wins_at_equal_steps_and_nothing_found_is_none(tmp_path):
