@@ -143,24 +143,27 @@ class Detectors:
     def check_step(self, step: int, loss: float | None = None, grad_norm: float | None = None,
                    tokens_per_s: float | None = None,
                    memory_bytes: float | None = None) -> list[Anomaly]:
-        """Pass this rank's values; NaN/Inf loss or grad norm is `nan` and skips the spike
-        detectors (a NaN must not poison their statistics)."""
+        """`loss` and `memory_bytes` are this rank's own (its micro-batch loss before the
+        all-reduce, its RSS), so what they show is pinned on this rank; `grad_norm` and
+        `tokens_per_s` are global, so their anomalies carry rank None. A NaN/Inf loss or grad
+        norm is `nan` and skips the spike detectors (a NaN must not poison their statistics).
+        """
         found: list[Anomaly] = []
         bad = {name: value for name, value in (("loss", loss), ("grad_norm", grad_norm))
                if value is not None and not math.isfinite(value)}
         if bad:
-            found.append(Anomaly("nan", "critical", step, self.rank,
+            found.append(Anomaly("nan", "critical", step, self.rank if "loss" in bad else None,
                                  {**{k: str(v) for k, v in bad.items()}, "threshold": "finite"}))
         else:
-            for kind, ewma, value in (("loss_spike", self.loss, loss),
-                                      ("grad_spike", self.grad, grad_norm)):
+            for kind, ewma, value, rank in (("loss_spike", self.loss, loss, self.rank),
+                                            ("grad_spike", self.grad, grad_norm, None)):
                 if value is None:
                     continue
                 evidence = ewma.update(value)
                 if evidence is not None:
                     severe = evidence["wide"] or evidence["rule"] == "max_factor"
-                    found.append(Anomaly(kind, "error" if severe else "warning", step,
-                                         self.rank, evidence))
+                    found.append(Anomaly(kind, "error" if severe else "warning", step, rank,
+                                         evidence))
         if tokens_per_s is not None:
             found += self._check_throughput(step, tokens_per_s)
         if memory_bytes is not None:

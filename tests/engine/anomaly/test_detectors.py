@@ -97,8 +97,9 @@ def test_nan_or_inf_in_loss_or_grad_norm_fires_nan_and_spares_the_statistics():
     (nan,) = detectors.check_step(31, loss=float("nan"), grad_norm=1.0)
     assert (nan.kind, nan.severity, nan.rank) == ("nan", "critical", 2)
     assert nan.evidence == {"loss": "nan", "threshold": "finite"}
-    assert detectors.check_step(32, loss=2.5, grad_norm=float("inf"))[0].evidence == {
-        "grad_norm": "inf", "threshold": "finite"}
+    (inf,) = detectors.check_step(32, loss=2.5, grad_norm=float("inf"))
+    assert inf.evidence == {"grad_norm": "inf", "threshold": "finite"}
+    assert inf.rank is None  # the grad norm is global: no single rank to blame
     assert detectors.state_dict()["loss"] == state["loss"]
 
 
@@ -107,6 +108,7 @@ def test_grad_norm_spike():
     feed(detectors, 80)
     (spike,) = detectors.check_step(81, loss=2.7, grad_norm=50.0)
     assert spike.kind == "grad_spike" and spike.evidence["value"] == 50.0
+    assert spike.rank is None
 
 
 def test_throughput_drop_fires_once_when_the_window_median_falls_below_70_percent():
