@@ -1,6 +1,7 @@
 """The pages. They only render; jobs are created and steered through the REST API."""
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
@@ -16,8 +17,10 @@ def visible_jobs(request: HttpRequest):
     return jobs if request.user.is_staff else jobs.filter(owner=request.user)
 
 
-@login_required
 def job_list(request: HttpRequest) -> HttpResponse:
+    """The home page: the job list, or the login form (200, not a redirect) for a visitor."""
+    if not request.user.is_authenticated:
+        return LoginView.as_view(template_name="login.html")(request)
     return render(request, "jobs/list.html", {"jobs": visible_jobs(request)[:200]})
 
 

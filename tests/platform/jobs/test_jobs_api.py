@@ -127,3 +127,24 @@ def test_the_openapi_schema_and_its_docs_page_are_served_without_a_cdn(api):
     html = docs.content.decode()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in html
     assert "cdn" not in html.lower()
+
+
+def test_pages_need_a_login_and_the_home_page_offers_one(client, user):
+    home = client.get("/")
+    assert home.status_code == 200 and b'name="password"' in home.content
+    assert client.get("/jobs/new/").status_code == 302
+    logged_in = client.post("/", {"username": "ada", "password": "pw-ada-123"})
+    assert logged_in.status_code == 302
+    assert b"No jobs yet" in client.get("/").content
+    new = client.get("/jobs/new/")
+    assert new.status_code == 200
+    assert b'value="tiny"' in new.content and b'value="small"' in new.content
+
+
+def test_a_job_page_is_404_for_another_user(client, user, other_user, small_spec):
+    theirs = Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    client.force_login(user)
+    assert client.get(f"/jobs/{theirs.pk}/").status_code == 404
+    mine = Job.objects.create(name="mine", owner=user, spec=small_spec)
+    page = client.get(f"/jobs/{mine.pk}/")
+    assert page.status_code == 200 and b"/static/plotly/plotly.min.js" in page.content

@@ -78,7 +78,7 @@ def test_serve_runs_the_platform_restarts_a_dead_child_and_stops_on_ctrl_c(var_d
     try:
         password = serve.wait_for(r"Created user 'admin' with password: (\S+)", 60).group(1)
         serve.wait_for(rf"Ringside is up: open http://127.0.0.1:{port}/", 60)
-        assert serve.get("/login/") == 200
+        assert serve.get("/") == 200
         assert serve.get("/static/plotly/plotly.min.js") == 200
         assert len(serve.token(password)) == 40
 
