@@ -10,7 +10,6 @@ Redis, and exits.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -18,7 +17,6 @@ from dataclasses import dataclass, field
 
 import psutil
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
@@ -86,7 +84,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
-        self.ensure_admin()
+        call_command("ensure_admin", stdout=self.stdout)
         self.stopping = False
         signal.signal(signal.SIGINT, self.request_stop)
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -167,22 +165,6 @@ class Command(BaseCommand):
         for child in (worker, web, *(c for c in children if c not in (worker, web))):
             child.stop()
         self.log("stopped")
-
-    def ensure_admin(self) -> None:
-        User = get_user_model()
-        password = os.environ.get("RINGSIDE_ADMIN_PASSWORD")
-        user = User.objects.filter(username="admin").first()
-        if user is None:
-            generated = not password
-            password = password or secrets.token_urlsafe(12)
-            User.objects.create_superuser("admin", "", password)
-            if generated:
-                self.log(self.style.WARNING(
-                    f"Created user 'admin' with password: {password}\n"
-                    "  (shown once; set RINGSIDE_ADMIN_PASSWORD to choose it)"))
-        elif password and not user.check_password(password):
-            user.set_password(password)
-            user.save(update_fields=["password"])
 
     def log(self, message: str) -> None:
         self.stdout.write(f"[serve] {message}")
