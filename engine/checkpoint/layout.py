@@ -221,11 +221,23 @@ def apply_retention(directory: str | os.PathLike[str], keep: int, newest_step: i
             remove(info.path)
 
 
-def remove_newer(directory: str | os.PathLike[str], step: int) -> list[int]:
-    """Delete unpinned checkpoints after `step` (the abandoned future of a rollback)."""
+def abandon_newer(directory: str | os.PathLike[str], step: int) -> list[int]:
+    """After a rollback to `step`, later checkpoints hold an abandoned timeline that must never
+    be resumed: unpinned ones are deleted, pinned ones move to `abandoned/` (kept for the
+    person who pinned them, out of the resume candidates). Returns the steps dropped."""
     dropped = []
     for info in list_checkpoints(directory):
-        if info.step > step and not info.pinned:
+        if info.step <= step:
+            continue
+        dropped.append(info.step)
+        if not info.pinned:
             remove(info.path)
-            dropped.append(info.step)
+            continue
+        aside = Path(directory, "abandoned", f"{info.path.name}-{info.manifest.get('save_id')}")
+        aside.parent.mkdir(exist_ok=True)
+        if not aside.exists():
+            try:
+                os.rename(info.path, aside)
+            except FileNotFoundError:  # another rank moved it first
+                pass
     return dropped

@@ -34,12 +34,12 @@ from engine.checkpoint.layout import (
     MANIFEST,
     PINNED,
     CheckpointError,
+    abandon_newer,
     apply_retention,
     block_crcs,
     data_file_name,
     fsync_dir,
     part_file_name,
-    remove_newer,
     step_dir_name,
     write_atomic,
 )
@@ -207,12 +207,13 @@ class Checkpointer:
         self._raise_if_failed()
 
     def forget_after(self, step: int) -> None:
-        """After a rollback to `step`: drop both tiers' unpinned checkpoints of later steps, so
-        that a restart cannot resume the abandoned timeline. Call on every rank (idempotent)."""
+        """After a rollback to `step`: take both tiers' later checkpoints out of reach (see
+        `abandon_newer`) so that a restart cannot resume the abandoned timeline. Call on every
+        rank (idempotent)."""
         self.wait()
         for directory in (self.memory_dir, self.directory):
             if directory is not None:
-                remove_newer(directory, step)
+                abandon_newer(directory, step)
 
     @property
     def pending(self) -> int:

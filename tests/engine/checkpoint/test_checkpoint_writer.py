@@ -107,11 +107,16 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
 
 def test_forget_after_drops_the_abandoned_timeline_in_both_tiers(tmp_path):
     ckpt = Checkpointer(tmp_path / "disk", memory_dir=tmp_path / "mem", keep=5, memory_keep=5)
-    for step in (10, 20, 30):
+    for step in (10, 20, 30, 40):
         ckpt.save(step, state(step))
+    ckpt.wait()
+    pin(tmp_path / "disk" / "step-000030")
     ckpt.forget_after(20)
     ckpt.close()
     assert steps_in(tmp_path / "disk") == steps_in(tmp_path / "mem") == [10, 20]
+    # the pinned one is kept for its person, out of reach of resuming
+    (kept,) = (tmp_path / "disk" / "abandoned").iterdir()
+    assert kept.name.startswith("step-000030-") and (kept / "PINNED").exists()
 
 
 def test_the_schedule_says_which_tier_is_due(tmp_path):
