@@ -11,9 +11,10 @@ from engine.anomaly.ladder import (
     ResponseLadder,
     policy_ladders,
 )
+from engine.anomaly.manager import FaultManager
 
 __all__ = [
     "ACTIONS", "DEFAULTS", "DEFAULT_LADDERS", "INJECTED_CRASH_EXIT_CODE", "KINDS", "SEVERITIES",
-    "Anomaly", "Decision", "Detectors", "EwmaZ", "FaultInjector", "ResponseLadder",
+    "Anomaly", "Decision", "Detectors", "EwmaZ", "FaultInjector", "FaultManager", "ResponseLadder",
     "agree_anomalies", "crash_anomaly", "policy_ladders", "policy_thresholds",
 ]
