@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.runtime.launch import RunTarget, launch
+from engine.runtime.launch import RunDirInUse, RunTarget, launch
 from engine.runtime.spec import SpecError, parse_spec
 
 
@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, help="the run's folder (default: runs/<name>)")
     parser.add_argument("--bus", metavar="REDIS_URL", help="also publish events to this Redis")
     parser.add_argument("--job", help="job id on the bus (default: the spec's name)")
+    parser.add_argument(
+        "--resume", type=Path, metavar="DIR",
+        help="continue from the newest good checkpoint in DIR (or from the checkpoint DIR)",
+    )
     return parser
 
 
@@ -52,5 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         events_path=args.events or run_dir / "events.jsonl",
         job=args.job or spec.name,
         bus_url=args.bus,
+        resume_from=args.resume,
     )
-    return launch(spec, target)
+    try:
+        return launch(spec, target)
+    except RunDirInUse as e:
+        print(f"run: {e}", file=sys.stderr)
+        return 2

@@ -7,6 +7,7 @@ written through a fresh `EventLog`, so its sequence number follows whatever rank
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -19,22 +20,32 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from engine.checkpoint import default_memory_dir, list_checkpoints
+from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
 from engine.runtime.spec import JobSpec, parse_spec
-from engine.runtime.train import Trainer
+from engine.runtime.train import Outcome, Trainer
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
+EXIT_PAUSED = 3  # a checkpoint was written; `--resume` continues the run
+EXIT_CANCELLED = 4  # by a cancel command (a signal exits 128 + its number)
+
+
+class RunDirInUse(RuntimeError):
+    """A fresh run would mix its checkpoints with an earlier run's."""
 
 
 @dataclass
 class RunTarget:
-    """Where a run's outputs go: its folder, its JSONL event file and, optionally, the bus."""
+    """Where a run's outputs go: its folder, its JSONL event file and, optionally, the bus;
+    `resume_from`: a checkpoint folder (or one checkpoint) to continue from."""
 
     run_dir: Path
     events_path: Path
     job: str
     bus_url: str | None = None
+    resume_from: Path | None = None
 
     def emit(self, type: str, step: int, **fields: object) -> None:
         log = EventLog(self.job, self.events_path, self.bus_url)
@@ -44,17 +55,41 @@ class RunTarget:
             log.close()
 
 
+def checkpoint_dir(spec: JobSpec, target: RunTarget) -> Path:
+    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else target.run_dir / "checkpoints"
+
+
+def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Path] | None:
+    """Where this incarnation of the ranks continues from: the folder the user named, or
+    after an automatic restart the run's own checkpoints (memory tier first), if any."""
+    if target.resume_from is not None:
+        return [target.resume_from]
+    if restarted:
+        directory = checkpoint_dir(spec, target)
+        tiers = [default_memory_dir(directory), directory]
+        if any(list_checkpoints(d) for d in tiers):
+            return tiers
+    return None
+
+
 @record
-def run_rank(spec_data: dict, target: RunTarget) -> None:
+def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     """The entry point of every rank (a spawned process with the elastic environment)."""
     spec = parse_spec(spec_data)
     rank = int(os.environ.get("RANK", "0"))
-    events = EventLog(target.job, target.events_path, target.bus_url) if rank == 0 else None
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    events = control = None
+    if rank == 0:
+        events = EventLog(target.job, target.events_path, target.bus_url)
+        control = ControlChannel(target.job, target.run_dir, target.bus_url)
     try:
-        Trainer(spec, target.run_dir, events).fit()
+        trainer = Trainer(spec, target.run_dir, events, resume_sources(spec, target, restarted),
+                          control)
+        return trainer.fit()
     finally:
-        if events is not None:
-            events.close()
+        for channel in (events, control):
+            if channel is not None:
+                channel.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -79,8 +114,48 @@ def _failure_message(error: ChildFailedError) -> str:
 
 def launch(spec: JobSpec, target: RunTarget) -> int:
     """Run every rank of the job to the end; returns the process exit code."""
+    directory = checkpoint_dir(spec, target)
+    if target.resume_from is None and list_checkpoints(directory):
+        raise RunDirInUse(
+            f"{directory} already holds checkpoints of an earlier run: resume it with "
+            f"--resume {directory}, or start afresh in another --run-dir"
+        )
     target.run_dir.mkdir(parents=True, exist_ok=True)
     target.emit("state", 0, state="starting", world_size=spec.parallel.world_size)
+    while True:
+        try:
+            outcome = _launch_once(spec, target)
+        except ChildFailedError as e:
+            target.emit("state", 0, state="failed", error=_failure_message(e))
+            return EXIT_FAILED
+        except (SignalException, KeyboardInterrupt) as e:
+            signum = getattr(e, "sigval", signal.SIGINT)
+            target.emit("state", 0, state="cancelled",
+                        reason=f"signal {signal.Signals(signum).name}")
+            return 128 + int(signum)
+        except Exception as e:  # the launcher itself failed: say so rather than vanish
+            target.emit("state", 0, state="failed", error=f"launcher: {e}",
+                        traceback=traceback.format_exc())
+            return EXIT_FAILED
+        if outcome.kind != "reshard":
+            break
+        # relaunch on the new layout, loading the checkpoint the old one just wrote; the
+        # global batch stays the same, so the loss curve continues as if nothing happened
+        world = outcome.parallel["nodes"] * outcome.parallel["procs_per_node"]
+        micro_batch = spec.train.micro_batch * spec.parallel.world_size // world
+        spec = parse_spec({**spec.to_dict(), "parallel": outcome.parallel,
+                           "train": {**dataclasses.asdict(spec.train), "micro_batch": micro_batch}})
+        target = dataclasses.replace(target, resume_from=directory)
+        target.emit("state", outcome.step, state="resharding", parallel=outcome.parallel,
+                    micro_batch=micro_batch)
+    final = {"completed": ("completed", EXIT_COMPLETED), "pause": ("paused", EXIT_PAUSED),
+             "cancel": ("cancelled", EXIT_CANCELLED)}
+    state, code = final[outcome.kind]
+    target.emit("state", outcome.step, state=state)
+    return code
+
+
+def _launch_once(spec: JobSpec, target: RunTarget) -> Outcome:
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -89,22 +164,8 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
         role="rank",
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
-        max_restarts=0,
+        max_restarts=spec.faults.policy.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )
-    try:
-        elastic_launch(config, run_rank)(spec.to_dict(), target)
-    except ChildFailedError as e:
-        target.emit("state", 0, state="failed", error=_failure_message(e))
-        return EXIT_FAILED
-    except (SignalException, KeyboardInterrupt) as e:
-        signum = getattr(e, "sigval", signal.SIGINT)
-        target.emit("state", 0, state="cancelled", reason=f"signal {signal.Signals(signum).name}")
-        return 128 + int(signum)
-    except Exception as e:  # the launcher itself failed: say so rather than vanish
-        target.emit("state", 0, state="failed", error=f"launcher: {e}",
-                    traceback=traceback.format_exc())
-        return EXIT_FAILED
-    target.emit("state", spec.train.steps, state="completed")
-    return EXIT_COMPLETED
+    return elastic_launch(config, run_rank)(spec.to_dict(), target)[0]

@@ -8,6 +8,7 @@ ranks are taken from all-reduced values only, so every rank acts at the same ste
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -19,11 +20,17 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_checkpoints, restore
+from engine.checkpoint.layout import step_dir_name
 from engine.horing import Topology
+from engine.horing.cost import calibrate
 from engine.moe import MoEModel
+from engine.paro import ShardedDataParallel
+from engine.paro.plan import plan
+from engine.runtime.control import Command, ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.events import EventLog
-from engine.runtime.spec import JobSpec, TrainSpec
+from engine.runtime.spec import JobSpec, SpecError, TrainSpec, parse_spec
 
 
 def lr_at(step: int, train: TrainSpec) -> float:
@@ -74,55 +81,22 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), dev
 
 
-class ReplicatedDataParallel:
-    """Every rank holds the whole model; gradients are averaged with one flat all-reduce.
-
-    This is the foundation's data parallelism (PaRO's NNN without sharding); the interface is
-    the one engine.paro's strategies implement.
-    """
-
-    def __init__(self, model: torch.nn.Module, train: TrainSpec, grad_accum: int):
-        self.module = model
-        self.grad_accum = grad_accum
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in model.parameters() if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=train.lr, betas=(0.9, 0.95), eps=1e-8,
-        )
-        for p in model.parameters():
-            dist.broadcast(p.data, src=0)
-        self._micro_steps = 0
-
-    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor):
-        output = self.module(input_ids, labels)
-        (output.loss / self.grad_accum).backward()
-        self._micro_steps += 1
-        return output
-
-    def step(self, lr: float, grad_clip: float) -> float:
-        if self._micro_steps != self.grad_accum:
-            raise RuntimeError(
-                f"step() after {self._micro_steps} micro-steps; grad_accum is {self.grad_accum}"
-            )
-        self._micro_steps = 0
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        flat /= dist.get_world_size()
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, grad_clip if grad_clip > 0 else float("inf")
-        )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+def choose_strategy(spec: JobSpec, topo: Topology, device: torch.device) -> str:
+    """The spec's PaRO strategy, or for `auto` the planner's first pick for this model, the
+    measured links and the memory of one device. Rank 0 decides; every rank gets its answer."""
+    if spec.parallel.strategy != "auto":
+        return spec.parallel.strategy
+    links = calibrate(topo)
+    if device.type == "cuda":
+        budget = torch.cuda.get_device_properties(device).total_memory
+    else:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(topo.world_size)))
+        budget = psutil.virtual_memory().total // local_world
+    rows = plan(spec.model, topo, budget, spec.train.grad_accum, links,
+                dtype_bytes=4, collective=spec.parallel.collective)
+    choice = [rows[0].strategy]
+    dist.broadcast_object_list(choice, src=0)
+    return choice[0]
 
 
 class ProgressBar:
@@ -151,20 +125,29 @@ class ProgressBar:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, run_dir: Path, events: EventLog | None = None):
+    """One rank's training run. `resume_from` names checkpoint folders to continue from (the
+    newest good checkpoint in them wins; its layout may differ from this run's)."""
+
+    def __init__(
+        self, spec: JobSpec, run_dir: Path, events: EventLog | None = None,
+        resume_from: list[Path] | None = None, control: ControlChannel | None = None,
+    ):
         self.spec = spec
         self.run_dir = run_dir
-        t = spec.train
+        t, p = spec.train, spec.parallel
         self.rank, self.world_size, self.device = init_distributed(t.device)
-        if self.world_size != spec.parallel.world_size:
+        if self.world_size != p.world_size:
             raise ValueError(
-                f"parallel: the spec asks for {spec.parallel.world_size} ranks but "
+                f"parallel: the spec asks for {p.world_size} ranks but "
                 f"{self.world_size} were launched"
             )
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
         torch.set_num_threads(t.threads or max(1, (os.cpu_count() or 1) // local_world))
-        self.topo = Topology.from_parallel(spec.parallel).init_groups()
+        self.topo = Topology.from_parallel(p).init_groups()
         self.events = events if self.rank == 0 else None
+        self.control = control if self.rank == 0 else None
+        self._pending: list[Command] = []  # rank 0: commands read, not yet broadcast
+        self._commands_due = 0  # how many of them every rank acts on after this step
 
         splits = load_tokens(t.dataset)
         if splits.vocab_size > spec.model.vocab_size:
@@ -177,12 +160,91 @@ class Trainer:
         )
         self.eval_tokens = splits.heldout
 
+        self.strategy = choose_strategy(spec, self.topo, self.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = MoEModel(spec.model).to(self.device)
-        self.dp = ReplicatedDataParallel(self.model, t, t.grad_accum)
+        self.dp = ShardedDataParallel(
+            self.model, self.topo, self.strategy, lr=t.lr, weight_decay=t.weight_decay,
+            grad_accum=t.grad_accum, collective=p.collective,
+        )
+        self.ckpt = Checkpointer(
+            spec.checkpoint.dir or run_dir / "checkpoints",
+            rank=self.rank, world_size=self.world_size, keep=spec.checkpoint.keep,
+            every=spec.checkpoint.every, memory_every=spec.checkpoint.memory_every,
+            memory_dir="auto" if spec.checkpoint.memory_every > 0 else None,
+            meta={"strategy": self.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
+                  "name": spec.name},
+        )
         self.step = 0
         self.tokens = 0
         self._process = psutil.Process()
+        if resume_from:
+            self.resume(resume_from)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _extras(self) -> dict:
+        params = {name for name, _ in self.model.named_parameters()}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "adam_step": self.dp.adam_step,
+            "loader": self.loader.state_dict(),
+            "rng": torch.get_rng_state(),
+            # replicated buffers (the MoE expert bias) travel whole
+            "buffers": {k: v.clone() for k, v in self.model.state_dict().items()
+                        if k not in params},
+        }
+
+    def save_checkpoint(self, to_disk: bool = True) -> Path:
+        state = self.dp.sharded_state()
+        blocking_s = self.ckpt.save(self.step, state, self._extras(), to_disk=to_disk)
+        directory = self.ckpt.directory if to_disk else self.ckpt.memory_dir
+        path = directory / step_dir_name(self.step)
+        self._emit(
+            "checkpoint", path=str(path), tier="disk" if to_disk else "memory",
+            blocking_s=blocking_s,
+            size_bytes=sum(length * t.element_size() for t, _, length in state.values()),
+            strategy=self.strategy, world_size=self.world_size,
+        )
+        return path
+
+    def persist(self) -> None:
+        """Wait until every rank's queued checkpoints are on disk (before this run exits)."""
+        self.ckpt.wait()
+        dist.barrier()
+
+    def _load(self, reader: CheckpointReader) -> None:
+        """Take the whole training state from an open checkpoint (any layout)."""
+        self.dp.load_sharded_state(reader.read)
+        extras = reader.extras(0)  # the extras hold only facts every rank shares
+        self.step, self.tokens = extras["step"], extras["tokens"]
+        self.dp.adam_step = extras["adam_step"]
+        self.loader.load_state_dict(extras["loader"])
+        torch.set_rng_state(extras["rng"])
+        self.model.load_state_dict(extras["buffers"], strict=False)
+
+    def resume(self, sources: list[Path]) -> None:
+        """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
+        one checkpoint folder); corrupt ones are skipped, each with an anomaly event."""
+        if len(sources) == 1 and (sources[0] / "MANIFEST.json").exists():
+            with CheckpointReader(inspect(sources[0])) as reader:
+                self._load(reader)
+            path = sources[0]
+        else:
+            restored = restore(sources, self._load)
+            for bad in restored.skipped:
+                self._emit("anomaly", kind="checkpoint_corrupt", severity="warning", rank=None,
+                           evidence={"path": str(bad.path), "problem": bad.problem})
+            if restored.checkpoint is None:
+                raise FileNotFoundError(
+                    f"resume: no good checkpoint in {', '.join(str(d) for d in sources)}"
+                )
+            path = restored.checkpoint.path
+        self._emit("log", level="info", message=f"resumed at step {self.step} from {path}")
+
+    def _emit(self, type: str, **fields: object) -> None:
+        if self.events is not None:
+            self.events.emit(type, self.step, **fields)
 
     # -- one optimizer step -------------------------------------------------------------
     def train_step(self) -> StepMetrics:
@@ -200,11 +262,21 @@ class Trainer:
         grad_norm = self.dp.step(lr, t.grad_clip)
 
         # one all-reduce carries the loss and the routing counts of every MoE layer
+        # One all-reduce carries the loss, the routing counts of every MoE layer and the
+        # number of commands rank 0 has read (the others add 0), so steering costs no
+        # collective of its own until a command actually arrives.
+        if self.control is not None:
+            self._pending += self.control.poll()
         counts = self.model.routing_counts().to(self.device)
-        packed = torch.cat([(ce_sum / t.grad_accum).reshape(1), counts.reshape(-1)]).float()
+        packed = torch.cat([
+            (ce_sum / t.grad_accum).reshape(1),
+            torch.tensor([float(len(self._pending))], device=self.device),
+            counts.reshape(-1),
+        ]).float()
         dist.all_reduce(packed)
         loss = float(packed[0]) / self.world_size
-        counts = packed[1:].view_as(counts)
+        self._commands_due = int(packed[1])
+        counts = packed[2:].view_as(counts)
         self.model.update_expert_bias(counts)
         rss = torch.tensor([self._process.memory_info().rss], dtype=torch.float64)
         dist.all_reduce(rss, op=dist.ReduceOp.MAX)
@@ -219,9 +291,12 @@ class Trainer:
         )
         if t.eval_every and (self.step % t.eval_every == 0 or self.step == t.steps):
             metrics.eval_loss = self.evaluate()
-        if self.events is not None:
-            self.events.emit("step", self.step, **metrics.event_fields())
-            self.events.emit("experts", self.step, layers=self.model.expert_stats(counts))
+        self._emit("step", **metrics.event_fields(), state_bytes=self.dp.state_bytes(),
+                   comm=self.dp.comm_stats())
+        self._emit("experts", layers=self.model.expert_stats(counts))
+        tier = self.ckpt.due(self.step)
+        if tier is not None:
+            self.save_checkpoint(to_disk=tier == "disk")
         return metrics
 
     @torch.no_grad()
@@ -233,27 +308,118 @@ class Trainer:
             self.eval_tokens, t.seq_len, t.micro_batch, self.rank, self.world_size, t.seed,
             shuffle=False,
         )
-        self.model.eval()
         total = torch.zeros((), device=self.device)
-        for _ in range(t.eval_batches):
-            input_ids, labels = loader.next_batch()
-            total += self.model(input_ids.to(self.device), labels.to(self.device)).ce_loss
-        self.model.train()
+        with self.dp.full_parameters() as model:
+            model.eval()
+            for _ in range(t.eval_batches):
+                input_ids, labels = loader.next_batch()
+                total += model(input_ids.to(self.device), labels.to(self.device)).ce_loss
+            model.train()
         dist.all_reduce(total)
         return float(total) / (t.eval_batches * self.world_size)
 
-    def fit(self) -> list[StepMetrics]:
-        if self.events is not None:
-            self.events.emit(
-                "state", self.step, state="running", world_size=self.world_size,
-                device=str(self.device),
-                params=sum(p.numel() for p in self.model.parameters()),
-            )
+    # -- commands -------------------------------------------------------------------------
+    def _receive_commands(self) -> list[Command]:
+        if not self._commands_due:
+            return []
+        box = [self._pending[: self._commands_due]] if self.rank == 0 else [None]
+        dist.broadcast_object_list(box, src=0)
+        if self.rank == 0:
+            del self._pending[: self._commands_due]
+        return box[0]
+
+    def _act(self, command: Command) -> Outcome | None:
+        """Carry out one command on every rank; returns how the run ends, if it does."""
+        def ack(action: str, **fields: object) -> None:
+            self._emit("action", action=action, command=command.id, by="command", **fields)
+
+        kind, args = command.kind, command.args
+        if kind == "checkpoint":
+            ack("checkpoint", path=str(self.save_checkpoint()))
+        elif kind == "rollback":
+            ack("rollback", **self.rollback(args.get("step"), args.get("checkpoint"),
+                                            bool(args.get("skip_data", False))))
+        elif kind in ("pause", "reshard"):
+            parallel = None
+            if kind == "reshard":
+                parallel = {**dataclasses.asdict(self.spec.parallel), **args}
+                parse_spec({**self.spec.to_dict(), "parallel": parallel})  # refuse bad layouts
+                world = parallel["nodes"] * parallel["procs_per_node"]
+                if (self.spec.train.micro_batch * self.world_size) % world:
+                    raise CommandRefused(
+                        f"reshard: the global micro-batch ({self.spec.train.micro_batch} x "
+                        f"{self.world_size} sequences) does not divide over {world} ranks"
+                    )
+            path = self.save_checkpoint()
+            self.persist()
+            ack(kind, path=str(path), **({"parallel": parallel} if parallel else {}))
+            return Outcome(kind, self.step, parallel)
+        elif kind == "cancel":
+            ack("cancel")
+            return Outcome("cancel", self.step)
+        else:
+            raise CommandRefused(f"{kind}: the job is running; resume applies to a paused job")
+        return None
+
+    def rollback(self, step: int | None, checkpoint: str | None, skip_data: bool) -> dict:
+        """Go back to a kept checkpoint in-process: the named one, or the newest at or before
+        `step`. With skip_data the loader keeps its position, so the window between that
+        checkpoint and now is not trained on again."""
+        self.ckpt.wait()
+        dist.barrier()
+        tiers = [d for d in (self.ckpt.memory_dir, self.ckpt.directory) if d is not None]
+        good = [c for d in tiers for c in list_checkpoints(d) if c.good]
+        if checkpoint:
+            chosen = [c for c in good if checkpoint in (c.path.name, str(c.path))]
+        else:
+            if not isinstance(step, int) or step < 0:
+                raise CommandRefused("rollback needs args.step (an integer) or args.checkpoint")
+            chosen = [c for c in good if c.step <= step]
+        if not chosen:
+            raise CommandRefused(f"rollback: no good checkpoint matches {checkpoint or step}")
+        target = max(chosen, key=lambda c: c.step)
+        from_step, position = self.step, self.loader.position
+        with CheckpointReader(target) as reader:
+            self._load(reader)
+        if skip_data:
+            self.loader.position = position
+        self.ckpt.forget_after(self.step)
+        return {"checkpoint": str(target.path), "to_step": self.step, "from_step": from_step,
+                "skip_data": skip_data}
+
+    def fit(self) -> Outcome:
+        self._emit("state", state="running", world_size=self.world_size,
+                   device=str(self.device), strategy=self.strategy,
+                   params=sum(p.numel() for p in self.model.parameters()))
         bar = ProgressBar(self.spec.train.steps) if self.rank == 0 else None
-        history = []
         while self.step < self.spec.train.steps:
             metrics = self.train_step()
-            history.append(metrics)
             if bar is not None:
                 bar.update(metrics)
-        return history
+            for command in self._receive_commands():
+                try:
+                    outcome = self._act(command)
+                except (CommandRefused, SpecError) as e:
+                    self._emit("action", action="refused", command=command.id,
+                               kind=command.kind, error=str(e))
+                    continue
+                if outcome is not None:
+                    self.ckpt.close()
+                    return outcome
+        if self.ckpt.due(self.step) != "disk":
+            self.save_checkpoint()  # a finished run always leaves its final state on disk
+        self.ckpt.close(drop_memory_tier=True)
+        return Outcome("completed", self.step)
+
+
+class CommandRefused(ValueError):
+    """A command that cannot be carried out now; the loop answers it with a `refused` action."""
+
+
+@dataclass
+class Outcome:
+    """How a run of the ranks ended: completed, pause, cancel or reshard (to `parallel`)."""
+
+    kind: str
+    step: int
+    parallel: dict | None = None

@@ -1,0 +1,150 @@
+"""Steering a running job: pause and resume, reshard, roll back, checkpoint, refusals.
+
+Every run here is the real CLI (elastic launcher, gloo ranks) steered through the control
+file of its run folder, the channel a command-line user has without Redis.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.runtime.control import send
+from engine.runtime.events import read_events
+from engine.runtime.launch import EXIT_PAUSED
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def nano(name: str, steps: int = 20, nodes: int = 1, procs: int = 2, strategy: str = "NNN",
+         micro_batch: int = 2, every: int = 5) -> dict:
+    return {
+        "name": name,
+        "model": {"preset": "nano"},
+        "parallel": {"nodes": nodes, "procs_per_node": procs, "strategy": strategy},
+        "train": {"steps": steps, "micro_batch": micro_batch, "seq_len": 64, "eval_every": 0,
+                  "warmup": 5, "threads": 1},
+        "checkpoint": {"every": every},
+    }
+
+
+class Run:
+    def __init__(self, tmp_path: Path, spec: dict, *extra: str):
+        self.run_dir = tmp_path / spec["name"]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.events_path = self.run_dir / "events.jsonl"
+        spec_path = tmp_path / f"{spec['name']}.json"
+        spec_path.write_text(json.dumps(spec))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.train", str(spec_path), "--run-dir",
+             str(self.run_dir), *extra],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+
+    def events(self) -> list[dict]:
+        return read_events(self.events_path) if self.events_path.exists() else []
+
+    def wait_for(self, predicate, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if predicate(event):
+                    return event
+            if self.proc.poll() is not None:
+                pytest.fail(f"the run ended early:\n{self.proc.stderr.read()[-3000:]}")
+            time.sleep(0.1)
+        self.proc.kill()
+        pytest.fail("timed out waiting for an event")
+
+    def command(self, kind: str, **args) -> None:
+        send("", kind, args, run_dir=self.run_dir, command_id=f"test-{kind}")
+
+    def finish(self, timeout: float = 180) -> int:
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        assert self.proc.returncode in (0, EXIT_PAUSED), err[-3000:]
+        return self.proc.returncode
+
+
+def losses_by_step(events: list[dict]) -> dict[int, float]:
+    """The loss of every step; a step trained again (after a rollback) keeps its last value."""
+    return {e["step"]: e["loss"] for e in events if e["type"] == "step"}
+
+
+def test_pause_then_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
+    straight = Run(tmp_path, nano("straight"))
+    assert straight.finish() == 0
+
+    paused = Run(tmp_path, nano("paused"))
+    paused.wait_for(lambda e: e["type"] == "step" and e["step"] >= 3)
+    paused.command("pause")
+    assert paused.finish() == EXIT_PAUSED
+    action = next(e for e in paused.events() if e["type"] == "action")
+    assert (action["action"], action["command"]) == ("pause", "test-pause")
+    pause_step = action["step"]
+    assert 3 <= pause_step < 20
+    assert paused.events()[-1]["state"] == "paused"
+
+    resumed = Run(tmp_path, nano("paused"), "--resume", str(paused.run_dir / "checkpoints"))
+    assert resumed.finish() == 0
+    steps = [e["step"] for e in resumed.events() if e["type"] == "step"]
+    assert steps == list(range(1, 21))  # every step once: 1..pause, then pause+1..20
+    # same layout on CPU: bitwise the same losses
+    assert losses_by_step(resumed.events()) == losses_by_step(straight.events())
+
+
+def test_reshard_moves_the_run_to_new_layouts_and_the_curve_continues(tmp_path):
+    straight = Run(tmp_path, nano("base", nodes=2, procs=2, strategy="IIG", micro_batch=1))
+    assert straight.finish() == 0
+
+    moved = Run(tmp_path, nano("moved", nodes=2, procs=2, strategy="IIG", micro_batch=1))
+    moved.wait_for(lambda e: e["type"] == "step" and e["step"] >= 3)
+    moved.command("reshard", strategy="GGG", nodes=1, procs_per_node=2)
+    first = moved.wait_for(lambda e: e["type"] == "state" and e["state"] == "resharding")
+    moved.wait_for(lambda e: e["type"] == "step" and e["step"] >= first["step"] + 2)
+    moved.command("reshard", strategy="NNN", nodes=1, procs_per_node=1)
+    assert moved.finish() == 0
+
+    events = moved.events()
+    reshards = [e for e in events if e["type"] == "state" and e["state"] == "resharding"]
+    assert [r["parallel"]["strategy"] for r in reshards] == ["GGG", "NNN"]
+    running = [e for e in events if e["type"] == "state" and e["state"] == "running"]
+    assert [r["strategy"] for r in running] == ["IIG", "GGG", "NNN"]
+    assert [r["world_size"] for r in running] == [4, 2, 1]
+    assert sorted(losses_by_step(events)) == list(range(1, 21))
+    want, got = losses_by_step(straight.events()), losses_by_step(events)
+    for step in range(1, 21):
+        assert got[step] == pytest.approx(want[step], rel=1e-4), step
+
+
+def test_rollback_skips_the_data_window_and_checkpoint_now(tmp_path):
+    run = Run(tmp_path, nano("rollback", steps=30, every=5))
+    run.wait_for(lambda e: e["type"] == "checkpoint" and e["step"] == 10)
+    run.command("checkpoint")
+    saved = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "checkpoint")
+    assert saved["path"].endswith(f"step-{saved['step']:06d}")
+    run.wait_for(lambda e: e["type"] == "step" and e["step"] >= 12)
+    run.command("rollback", step=10, skip_data=True)
+    back = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "rollback")
+    run.command("resume")  # the job is running: refused, and the run goes on
+    refused = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "refused")
+    assert run.finish() == 0
+
+    assert back["checkpoint"].endswith("step-000010")
+    assert (back["to_step"], back["skip_data"]) == (10, True)
+    assert back["from_step"] >= 12
+    assert refused["command"] == "test-resume" and "paused" in refused["error"]
+    events = run.events()
+    after = [e["step"] for e in events if e["type"] == "step" and e["seq"] > back["seq"]]
+    assert after[0] == 11 and after[-1] == 30
+    # the steps after the rollback saw new data: their tokens continue from the old position
+    before = next(e for e in events if e["type"] == "step" and e["step"] == 11)
+    again = next(e for e in events if e["type"] == "step" and e["step"] == 11
+                 and e["seq"] > back["seq"])
+    assert again["loss"] != before["loss"]
