@@ -4,7 +4,8 @@ Side by side in one run, on the state PaRO checkpoints for the `tiny` preset: th
 parameters (fp32 master copy) and AdamW's two moments, as three flat fp32 buffers.
 
 - ours: `Checkpointer.save` with the memory tier (/dev/shm) and the disk tier; the time the
-  call blocks, and the time until both tiers are persisted (`wait()`).
+  call blocks, and the time until both tiers are persisted (`wait()`); also the time until a
+  memory-only save is committed in /dev/shm (how fresh crash recovery on the host can be).
 - `torch.save` of the same tensors (synchronous: it blocks for all of it), as people call it
   (into the page cache) and followed by an fsync (durable, as our disk tier is).
 - DCP `async_save`: the time until it returns (its staging copy), and until its future is done.
@@ -79,12 +80,17 @@ def shards(state: dict[str, torch.Tensor], world: int, rank: int) -> dict:
 def bench_save(state, root: Path, memory_dir: Path, repeats: int) -> dict:
     flat = {name: (t, 0, t.numel()) for name, t in state.items()}
     ours = Checkpointer(root / "ours", memory_dir=memory_dir, keep=2, memory_keep=1)
-    ours_blocking, ours_persisted = [], []
+    ours_blocking, ours_persisted, memory_only_persisted = [], [], []
     for step in range(1, repeats + 1):
         started = time.perf_counter()
         ours_blocking.append(ours.save(step, flat, {"step": step, "rng": torch.get_rng_state()}))
         ours.wait()
         ours_persisted.append(time.perf_counter() - started)
+    for step in range(repeats + 1, 2 * repeats + 1):
+        started = time.perf_counter()
+        ours.save(step, flat, {"step": step}, to_disk=False)
+        ours.wait()
+        memory_only_persisted.append(time.perf_counter() - started)
     ours.close()
 
     torch_save = [timed(lambda: torch.save(state, root / "torch.pt")) for _ in range(repeats)]
@@ -102,6 +108,7 @@ def bench_save(state, root: Path, memory_dir: Path, repeats: int) -> dict:
     return {
         "ours_blocking_s": ours_blocking,
         "ours_persisted_s": ours_persisted,
+        "ours_memory_tier_only_persisted_s": memory_only_persisted,
         "torch_save_s": torch_save,
         "torch_save_fsync_s": torch_save_durable,
         "dcp_async_blocking_s": dcp_blocking,
