@@ -6,13 +6,14 @@ from jobs import views
 from jobs.api import JobViewSet, TokenView
 from rest_framework.routers import DefaultRouter
 
+# API names ("job-list", "job-detail", ...) come from the router; pages have their own.
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
 
 urlpatterns = [
-    path("", views.job_list, name="job-list"),
-    path("jobs/new/", views.job_new, name="job-new"),
-    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("", views.job_list, name="home"),
+    path("jobs/new/", views.job_new, name="new-job"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job-page"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

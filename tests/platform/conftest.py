@@ -49,6 +49,9 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
 
     runs = tmp_path_factory.mktemp("runs")
     queue = f"ringside-test-{os.getpid()}"  # no other worker on this Redis can take our tasks
+    # connections opened by websocket consumers' threads close after use, so the test
+    # database can be dropped at the end of the session
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
     settings.REDIS_URL = platform_redis_url
     settings.RUNS_DIR = runs
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [platform_redis_url]

@@ -148,3 +148,10 @@ def test_a_job_page_is_404_for_another_user(client, user, other_user, small_spec
     mine = Job.objects.create(name="mine", owner=user, spec=small_spec)
     page = client.get(f"/jobs/{mine.pk}/")
     assert page.status_code == 200 and b"/static/plotly/plotly.min.js" in page.content
+
+
+def test_logging_in_from_the_home_page_lands_on_the_job_list(client, user, small_spec):
+    job = Job.objects.create(name="mine", owner=user, spec=small_spec)
+    response = client.post("/", {"username": "ada", "password": "pw-ada-123"}, follow=True)
+    assert response.redirect_chain == [("/", 302)]
+    assert f'href="/jobs/{job.pk}/"'.encode() in response.content
