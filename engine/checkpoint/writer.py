@@ -103,10 +103,10 @@ class Checkpointer:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        for name, value in (("keep", keep), ("memory_keep", memory_keep), ("every", every),
-                            ("memory_every", memory_every)):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        for name, value, least in (("keep", keep, 1), ("memory_keep", memory_keep, 1),
+                                   ("every", every, 0), ("memory_every", memory_every, 0)):
+            if value < least:
+                raise ValueError(f"{name} must be >= {least}, got {value}")
         self.directory = Path(directory)
         self.memory_dir = default_memory_dir(directory) if memory_dir == "auto" else memory_dir
         self.memory_dir = Path(self.memory_dir) if self.memory_dir is not None else None

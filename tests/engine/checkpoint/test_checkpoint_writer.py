@@ -144,6 +144,8 @@ def test_bad_input_is_named(tmp_path):
         Checkpointer(tmp_path, rank=2, world_size=2, run_id="x")
     with pytest.raises(ValueError, match="memory_every must be >= 0, got -1"):
         Checkpointer(tmp_path, memory_every=-1)
+    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
+        Checkpointer(tmp_path, keep=0)
     ckpt.close()
 
 
