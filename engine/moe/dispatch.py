@@ -19,6 +19,8 @@ times slower on CPU.
 
 from __future__ import annotations
 
+import bisect
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,50 @@ import torch.nn.functional as F
 IMPLS = ("grouped_mm", "padded_bmm", "loop")
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_cpu_workers: ThreadPoolExecutor | None = None
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`F.grouped_mm(a, b, offs=offsets)`, with the groups split across the intra-op threads
+    on CPU.
+
+    The CPU kernel runs one `mm` per group in turn; at the shapes of fine-grained experts
+    (a few hundred rows) a single matmul does not keep two threads busy. So on CPU the
+    experts are cut into one contiguous run per thread, of about equal rows, and each run is a
+    single-threaded grouped_mm on its own worker. Two forms, as in the kernel: a [rows, K] with
+    b [E, K, N] gives [rows, N]; a [M, rows] with b [rows, N] gives [E, M, N].
+    """
+    threads = torch.get_num_threads()
+    if a.device.type != "cpu" or threads < 2:
+        return _grouped_mm(a, b, offs=offsets)
+    ends = offsets.tolist()
+    runs, start_expert, start_row = [], 0, 0
+    for run in range(1, threads + 1):
+        end_expert = bisect.bisect_left(ends, ends[-1] * run / threads, lo=start_expert)
+        end_expert = len(ends) if run == threads else min(end_expert + 1, len(ends))
+        if end_expert > start_expert:
+            runs.append((start_expert, end_expert, start_row, ends[end_expert - 1]))
+            start_expert, start_row = end_expert, ends[end_expert - 1]
+    if len(runs) < 2:
+        return _grouped_mm(a, b, offs=offsets)
+
+    def run_part(e0: int, e1: int, r0: int, r1: int) -> torch.Tensor:
+        offs = offsets[e0:e1] - r0
+        if b.dim() == 3:
+            return _grouped_mm(a[r0:r1], b[e0:e1], offs=offs)
+        if r1 == r0:  # the kernel rejects an empty inner dimension
+            return a.new_zeros(e1 - e0, a.shape[0], b.shape[1])
+        return _grouped_mm(a[:, r0:r1], b[r0:r1], offs=offs)
+
+    global _cpu_workers
+    if _cpu_workers is None or _cpu_workers._max_workers < threads:
+        _cpu_workers = ThreadPoolExecutor(threads, thread_name_prefix="grouped_mm")
+    torch.set_num_threads(1)  # each worker's matmuls stay on its own core
+    try:
+        parts = [f.result() for f in [_cpu_workers.submit(run_part, *r) for r in runs]]
+    finally:
+        torch.set_num_threads(threads)
+    return torch.cat(parts, dim=0)
 
 
 @dataclass
@@ -66,8 +112,13 @@ def sort_slots(idx: torch.Tensor, num_experts: int) -> SlotOrder:
 
 
 def _sum_slots(rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
-    """Sorted slot rows [T*k, d] -> per-token sums [T, d]."""
-    return rows.index_select(0, order.sorted_of_slot).view(-1, order.top_k, rows.shape[-1]).sum(1)
+    """Sorted slot rows [T*k, d] -> per-token sums [T, d], in slot order (deterministic).
+    k explicit adds: `.sum(1)` over the middle axis is several times slower on CPU."""
+    slots = rows.index_select(0, order.sorted_of_slot).view(-1, order.top_k, rows.shape[-1])
+    total = slots[:, 0].clone()
+    for j in range(1, order.top_k):
+        total += slots[:, j]
+    return total
 
 
 class _GatherSlots(torch.autograd.Function):
@@ -103,18 +154,46 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_mm_supports(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
-    """The kernel exists, takes this dtype, and every row stride is a multiple of 16 bytes."""
+    """The kernel exists, takes this dtype on this device, and every row stride is a multiple
+    of 16 bytes."""
+    # CUDA kernels take bf16 only; the CPU kernel also fp32 and fp16
+    on_cuda = x.device.type == "cuda"
+    dtypes = (torch.bfloat16,) if on_cuda else (torch.float32, torch.bfloat16, torch.float16)
     return (
         _grouped_mm is not None
-        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and x.dtype in dtypes
         and all(n * x.element_size() % 16 == 0 for n in (gate_up.shape[1] // 2, gate_up.shape[2]))
     )
 
 
-def _experts_grouped_mm(xs, w_sorted, gate_up, down, order):
-    h = _grouped_mm(xs, gate_up.transpose(-2, -1), offs=order.offsets)
-    h = _swiglu(h) * w_sorted.unsqueeze(-1)
-    return _grouped_mm(h, down.transpose(-2, -1), offs=order.offsets)
+class _GroupedExperts(torch.autograd.Function):
+    """The experts' SwiGLU over sorted slot rows as grouped matmuls, with a hand-written
+    backward: every weight gradient comes out of one grouped matmul already in the
+    parameter's [E, out, in] layout, and only the gate/up activations are kept for it."""
+
+    @staticmethod
+    def forward(ctx, xs, w_sorted, gate_up, down, offsets):
+        h = grouped_mm(xs, gate_up.transpose(-2, -1), offsets)
+        ys = grouped_mm(_swiglu(h) * w_sorted.unsqueeze(-1), down.transpose(-2, -1), offsets)
+        ctx.save_for_backward(xs, w_sorted, gate_up, down, offsets, h)
+        return ys
+
+    @staticmethod
+    def backward(ctx, d_ys):
+        xs, w_sorted, gate_up, down, offsets, h = ctx.saved_tensors
+        d_ys = d_ys.contiguous()
+        gate, up = h.chunk(2, dim=-1)
+        silu_gate = F.silu(gate)
+        act = silu_gate * up
+        w = w_sorted.unsqueeze(-1)
+        d_act_w = grouped_mm(d_ys, down, offsets)
+        d_down = grouped_mm(d_ys.T, act * w, offsets)
+        d_w_sorted = (d_act_w * act).sum(-1)
+        d_act = d_act_w * w
+        d_h = torch.cat([torch.ops.aten.silu_backward(d_act * up, gate), d_act * silu_gate], -1)
+        d_gate_up = grouped_mm(d_h.T, xs, offsets)
+        d_xs = grouped_mm(d_h, gate_up, offsets)
+        return d_xs, d_w_sorted, d_gate_up, d_down, None
 
 
 def _experts_padded_bmm(xs, w_sorted, gate_up, down, order):
@@ -154,7 +233,7 @@ def routed_experts(
     xs = _GatherSlots.apply(x, order)
     w_sorted = weight.reshape(-1).index_select(0, order.slot_of_sorted).to(x.dtype)
     if impl == "grouped_mm" and grouped_mm_supports(x, gate_up):
-        ys = _experts_grouped_mm(xs, w_sorted, gate_up, down, order)
+        ys = _GroupedExperts.apply(xs, w_sorted, gate_up, down, order.offsets)
     else:
         ys = _experts_padded_bmm(xs, w_sorted, gate_up, down, order)
     return _ScatterSlots.apply(ys, order)

@@ -48,9 +48,18 @@ SHAPES = [
 ]
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """grouped_mm splits the experts across threads on CPU: check both ways."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("impl", ["grouped_mm", "padded_bmm"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
-def test_dispatch_equals_loop_in_outputs_and_gradients_fp32(impl, shape):
+def test_dispatch_equals_loop_in_outputs_and_gradients_fp32(impl, shape, threads):
     *dims, skewed = shape
     for seed in range(3):
         problem = random_problem(seed, *dims, skewed=skewed)
@@ -60,8 +69,16 @@ def test_dispatch_equals_loop_in_outputs_and_gradients_fp32(impl, shape):
             torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
 
 
+def test_all_tokens_on_one_expert(threads):
+    x, _, weight, gate_up, down = random_problem(0, 64, 8, 1, 16, 8)
+    idx = torch.full((64, 1), 5)
+    for a, e in zip(run("grouped_mm", x, idx, weight, gate_up, down),
+                    run("loop", x, idx, weight, gate_up, down), strict=True):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("impl", ["grouped_mm", "padded_bmm"])
-def test_dispatch_equals_loop_in_bf16(impl):
+def test_dispatch_equals_loop_in_bf16(impl, threads):
     problem = random_problem(0, 256, 32, 4, 64, 32, dtype=torch.bfloat16, skewed=True)
     expected = run("loop", *problem)
     actual = run(impl, *problem)
