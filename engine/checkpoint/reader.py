@@ -65,7 +65,9 @@ def load_into(checkpoint: str | os.PathLike[str] | CheckpointInfo, targets: Shar
         reader.fill(targets)
 
 
-def load(checkpoint: str | os.PathLike[str] | CheckpointInfo, wants: Wants) -> dict[str, list]:
+def load(
+    checkpoint: str | os.PathLike[str] | CheckpointInfo, wants: Wants
+) -> dict[str, list[torch.Tensor]]:
     """New flat tensors holding the wanted `(global offset, length)` ranges of each tensor."""
     with open_checkpoint(checkpoint) as reader:
         return {
