@@ -172,3 +172,20 @@ def test_wrong_targets_are_named_in_the_error(tmp_path):
         load_into(tmp_path, {"params": (torch.empty(3), 0, 999)})
     with pytest.raises(CheckpointError, match=r"'params': range \[1000, 1010\) is outside"):
         load(tmp_path, {"params": [(1000, 10)]})
+
+
+def test_empty_shards_and_any_dtype_round_trip(tmp_path):
+    """A rank may own nothing of a padded buffer; counters and masks travel as they are."""
+    values = {
+        "counts": torch.arange(5, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "half": torch.randn(4).half(),
+    }
+    for rank in range(2):
+        ckpt = Checkpointer(tmp_path, rank=rank, world_size=2, run_id="dtypes", memory_dir=None)
+        ckpt.save(1, {name: (t[:0], len(t), len(t)) if rank == 1 else (t, 0, len(t))
+                      for name, t in values.items()})
+        ckpt.close()
+    got = load(tmp_path, {name: [(0, len(t))] for name, t in values.items()})
+    for name, t in values.items():
+        assert_same_bytes(got[name][0], t)
