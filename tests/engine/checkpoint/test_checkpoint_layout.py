@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from engine.checkpoint import (
     Checkpointer,
@@ -65,21 +67,21 @@ CRASH_DURING_PERSIST = """
 import os, sys, torch
 from engine.checkpoint import Checkpointer
 ckpt = Checkpointer(sys.argv[1], memory_dir=None, run_id="dies")
-ckpt.save(20, {"w": (torch.full((16_000_000,), 20.0), 0, 16_000_000)})
+ckpt.save(20, {"w": (torch.full((8_000_000,), 20.0), 0, 8_000_000)})
 os._exit(0)  # the process dies while its thread is writing
 """
 
 
 def test_a_process_killed_while_persisting_leaves_the_previous_checkpoint(tmp_path):
     first = Checkpointer(tmp_path, memory_dir=None)
-    first.save(10, {"w": (torch.full((16_000_000,), 10.0), 0, 16_000_000)})
+    first.save(10, {"w": (torch.full((8_000_000,), 10.0), 0, 8_000_000)})
     first.close()
     subprocess.run([sys.executable, "-c", CRASH_DURING_PERSIST, str(tmp_path)], cwd=REPO,
                    check=True, timeout=120)
     latest, skipped = find_latest_good(tmp_path)
     # atomic either way: the killed save is invisible, or (if it won the race) complete
     assert latest.step in (10, 20)
-    assert load(latest, {"w": [(0, 16_000_000)]})["w"][0].eq(float(latest.step)).all()
+    assert load(latest, {"w": [(0, 8_000_000)]})["w"][0].eq(float(latest.step)).all()
     assert all("no manifest" in s.problem for s in skipped)
 
 
@@ -132,3 +134,27 @@ def test_the_memory_tier_wins_at_equal_steps_and_nothing_found_is_none(tmp_path)
     assert latest.path == tmp_path / "mem" / "step-000010"
     nothing = restore([tmp_path / "nowhere"], {"w": (torch.empty(4), 0, 4)})
     assert nothing.checkpoint is None and nothing.skipped == []
+
+
+def _restore_worker(rank: int, directory: str, init: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        target = torch.empty(50)
+        restored = restore([directory], {"w": (target, 50 * rank, 100)})
+        assert restored.step == 10 and target.eq(10).all()
+        (skipped,) = restored.skipped
+        # rank 0 read only intact bytes of step 20; it still moves on with rank 1
+        expected = "another rank found it corrupt" if rank == 0 else "fails its checksum"
+        assert expected in skipped.problem, skipped.problem
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_move_on_together_when_only_one_finds_corruption(tmp_path):
+    save_two_ranks(tmp_path, [10, 20])
+    victim = data_file(tmp_path, 20, 1)
+    data = bytearray(victim.read_bytes())
+    data[3] ^= 0x80
+    victim.write_bytes(data)
+    mp.spawn(_restore_worker, args=(str(tmp_path), f"file://{tmp_path}/rdzv"), nprocs=2)
