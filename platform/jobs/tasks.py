@@ -85,10 +85,14 @@ def run_job(job_id: int) -> str:
     log.info("job %s: engine started, pid %s", job.pk, proc.pid)
     try:
         engine = _supervise(job, proc, ingest)
+    except BaseException:
+        # the supervisor can no longer follow the run (database or Redis gone, or the task is
+        # being torn down): stop the engine rather than leave ranks training unobserved; the
+        # job stays as it is for the redelivered task (or the reaper) to settle
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
     finally:
-        if proc.poll() is None:  # the task itself is being torn down: leave no ranks behind
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
         client.close()
     _finish(job, proc.returncode, engine, stderr_path)
     _notify_state(job, ingest.last_seq)

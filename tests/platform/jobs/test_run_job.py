@@ -69,3 +69,27 @@ def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, e
     last = Job.objects.get(pk=job_id).transitions.last()
     assert (last.from_state, last.to_state, last.cause, last.actor) == (
         "running", "cancelled", "api_token", "ada")
+
+
+def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(api, celery_worker, small_spec,
+                                                                   eventually):
+    small_spec["train"]["dataset"] = {"kind": "text", "paths": ["/nonexistent/ringside/*.txt"]}
+    job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
+    eventually(lambda: job_state(job_id) in (State.FAILED, State.COMPLETED), 120,
+               f"job {job_id} did not finish; worker log: {celery_worker.log_path}")
+    job = Job.objects.get(pk=job_id)
+    assert job.state == State.FAILED
+    assert "/nonexistent/ringside/*.txt" in job.error
+    assert "engine stderr (tail)" in job.error
+    assert job.transitions.last().cause == "engine"
+
+
+def test_a_redelivered_task_for_a_started_job_records_the_lost_supervisor(user, small_spec):
+    from jobs.tasks import run_job
+
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    job.start()
+    job.mark_running()
+    assert run_job(job.pk) == State.FAILED
+    last = job.transitions.last()
+    assert (last.from_state, last.to_state, last.cause) == ("running", "failed", "worker_loss")
