@@ -198,24 +198,46 @@ def _check_call(
 # ----------------------------------------------------------------------- ordering
 
 
-_WORKERS: dict[int, ThreadPoolExecutor] = {}
+class _Workspace:
+    """Per topology: the worker thread that runs its collectives in issue order, and reusable
+    buffers. Fresh CPU buffers of many MB cost a page fault per 4 KiB on first touch, as much
+    as the transfer itself over loopback, so scratch space is kept and grown as needed."""
+
+    def __init__(self) -> None:
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="horing")
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def buffer(self, name: str, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """A 1-D buffer of `numel` elements of `like`'s dtype and device; each name is used
+        by one thread at a time (one stage of the collective in flight)."""
+        key = (name, like.dtype, like.device)
+        held = self.buffers.get(key)
+        if held is None or held.numel() < numel:
+            held = self.buffers[key] = like.new_empty(numel)
+        return held[:numel]
+
+
+_WORKSPACES: dict[int, _Workspace] = {}
+
+
+def _workspace(topo: Topology) -> _Workspace:
+    space = _WORKSPACES.get(id(topo))
+    if space is None:
+        space = _WORKSPACES[id(topo)] = _Workspace()
+        weakref.finalize(topo, _retire, id(topo))
+    return space
+
+
+def _retire(key: int) -> None:
+    _WORKSPACES.pop(key).worker.shutdown(wait=False)
 
 
 def _submit(topo: Topology, async_op: bool, run: Callable[[], None]) -> Handle | None:
-    worker = _WORKERS.get(id(topo))
-    if worker is None:
-        worker = ThreadPoolExecutor(1, thread_name_prefix="horing")
-        _WORKERS[id(topo)] = worker
-        weakref.finalize(topo, _retire_worker, id(topo))
-    handle = Handle(worker.submit(run))
+    handle = Handle(_workspace(topo).worker.submit(run))
     if async_op:
         return handle
     handle.wait()
     return None
-
-
-def _retire_worker(key: int) -> None:
-    _WORKERS.pop(key).shutdown(wait=False)
 
 
 # ------------------------------------------------------------------ ring primitives
@@ -250,21 +272,29 @@ def _exchange(
             work.wait()
 
 
-def _ring_reduce_scatter(flat: torch.Tensor, pieces: list[Piece], ring: list[int], group) -> None:
-    """Sum `pieces[p]` over the ring so that position p ends holding the total in place."""
+def _ring_reduce_scatter(
+    flat: torch.Tensor,
+    pieces: list[Piece],
+    ring: list[int],
+    group,
+    scratch: Callable[[int], torch.Tensor] | None = None,
+) -> None:
+    """Sum `pieces[p]` over the ring so that position p ends holding the total in place.
+    `scratch(numel)` gives the receive buffer (a fresh one when not given)."""
     n = len(ring)
     if n == 1:
         return
     p = ring.index(dist.get_rank())
     pieces = [_merge(piece) for piece in pieces]
-    scratch = flat.new_empty(max(sum(b - a for a, b in piece) for piece in pieces))
+    largest = max(sum(b - a for a, b in piece) for piece in pieces)
+    recv_space = scratch(largest) if scratch is not None else flat.new_empty(largest)
     for step in range(n - 1):
         # at step s position p passes on its partial sum of piece p-s-1 and adds into p-s-2,
         # so after n-1 steps piece p has visited every position and ends at p
         send, recv = pieces[(p - step - 1) % n], pieces[(p - step - 2) % n]
         bufs, offset = [], 0
         for a, b in recv:
-            bufs.append(scratch[offset : offset + b - a])
+            bufs.append(recv_space[offset : offset + b - a])
             offset += b - a
         _exchange(flat, send, bufs, ring[(p + 1) % n], ring[(p - 1) % n], group)
         for (a, b), buf in zip(recv, bufs, strict=True):
@@ -296,6 +326,7 @@ def _stages(
     block_of: list[int],
     kinds: tuple[str, ...],
     scale: float | None,
+    space: _Workspace,
 ) -> list[Stage]:
     """The phases of a hierarchical collective as functions of a chunk's blocks. `block_of[r]`
     is the block rank r owns; `scale` divides the owned block after the last reduction."""
@@ -310,6 +341,9 @@ def _stages(
     def rail_pieces(blocks: list[Range]) -> list[Piece]:
         return [[blocks[block_of[r]]] for r in rail_ring]
 
+    def scratch(name: str) -> Callable[[int], torch.Tensor]:
+        return lambda numel: space.buffer(name, flat, numel)
+
     def finish(blocks: list[Range]) -> None:
         if scale is not None:
             a, b = blocks[block_of[me]]
@@ -318,10 +352,10 @@ def _stages(
     last_reduction = "inter_rs" if topo.nodes > 1 else "intra_rs"
     runs = {
         "intra_rs": lambda blocks: _ring_reduce_scatter(
-            flat, intra_pieces(blocks), intra_ring, topo.intra
+            flat, intra_pieces(blocks), intra_ring, topo.intra, scratch("intra_rs")
         ),
         "inter_rs": lambda blocks: _ring_reduce_scatter(
-            flat, rail_pieces(blocks), rail_ring, topo.inter
+            flat, rail_pieces(blocks), rail_ring, topo.inter, scratch("inter_rs")
         ),
         "inter_ag": lambda blocks: _ring_all_gather(
             flat, rail_pieces(blocks), rail_ring, topo.inter_ag
@@ -400,7 +434,7 @@ _AG_STAGES = ("inter_ag", "intra_ag")
 
 
 def _all_reduce(flat: torch.Tensor, topo: Topology, algo: str, op: str, chunk_bytes: int) -> None:
-    world = topo.world_size
+    world, space = topo.world_size, _workspace(topo)
     scale = world if op == "avg" else None
     if algo == "native":
         reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
@@ -414,9 +448,10 @@ def _all_reduce(flat: torch.Tensor, topo: Topology, algo: str, op: str, chunk_by
     )
     chunks = [_split(a, b, world) for a, b in _split(0, flat.numel(), count)]
     if algo == "ring":
-        _flat_ring(flat, topo, chunks[0], block_of, ("rs", "ag"), scale)
+        _flat_ring(flat, topo, chunks[0], block_of, ("rs", "ag"), scale, space)
         return
-    _run(_stages(flat, topo, block_of, _AR_STAGES, scale), chunks, pipelined=algo == "horing")
+    stages = _stages(flat, topo, block_of, _AR_STAGES, scale, space)
+    _run(stages, chunks, pipelined=algo == "horing")
 
 
 def _flat_ring(
@@ -426,11 +461,13 @@ def _flat_ring(
     block_of: list[int],
     phases: tuple[str, ...],
     scale: float | None,
+    space: _Workspace,
 ) -> None:
     ring = list(range(topo.world_size))
     pieces = [[blocks[block_of[r]]] for r in ring]
     if "rs" in phases:
-        _ring_reduce_scatter(flat, pieces, ring, topo.global_group)
+        scratch = lambda numel: space.buffer("ring", flat, numel)  # noqa: E731
+        _ring_reduce_scatter(flat, pieces, ring, topo.global_group, scratch)
         if scale is not None:
             a, b = blocks[block_of[dist.get_rank()]]
             flat[a:b].div_(scale)
@@ -453,27 +490,30 @@ def _reduce_scatter(
     layout: str,
     chunk_bytes: int,
 ) -> None:
-    world, shard = topo.world_size, output.numel()
+    world, shard, space = topo.world_size, output.numel(), _workspace(topo)
     block_of = [shard_block(topo, r, layout) for r in range(world)]
     me = dist.get_rank()
     # reduce in a zero-padded copy: the input stays intact and every block has `shard` elements
-    work = input.new_zeros(world * shard)
+    work = space.buffer("rs_work", input, world * shard)
     if algo == "native":
         # torch hands block r to rank r, so lay the blocks out in rank order
         for r in range(world):
             a, b = shard_range(input.numel(), topo, r, layout)
             work[r * shard : r * shard + b - a].copy_(input[a:b])
+            work[r * shard + b - a : (r + 1) * shard].zero_()
         reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
         dist.reduce_scatter_single(output, work, op=reduce_op, group=topo.global_group)
         return
     work[: input.numel()].copy_(input)
+    work[input.numel() :].zero_()
     scale = world if op == "avg" else None
     count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
     chunks = _block_chunks(shard, world, count)
     if algo == "ring":
-        _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale)
+        _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale, space)
     else:
-        _run(_stages(work, topo, block_of, _RS_STAGES, scale), chunks, pipelined=algo == "horing")
+        stages = _stages(work, topo, block_of, _RS_STAGES, scale, space)
+        _run(stages, chunks, pipelined=algo == "horing")
     mine = block_of[me] * shard
     output.copy_(work[mine : mine + shard])
 
@@ -486,11 +526,11 @@ def _all_gather(
     layout: str,
     chunk_bytes: int,
 ) -> None:
-    world, shard, numel = topo.world_size, input.numel(), output.numel()
+    world, shard, numel, space = topo.world_size, input.numel(), output.numel(), _workspace(topo)
     block_of = [shard_block(topo, r, layout) for r in range(world)]
     me = dist.get_rank()
     padded = world * shard == numel and (algo != "native" or layout == "rank")
-    work = output if padded else output.new_empty(world * shard)
+    work = output if padded else space.buffer("ag_work", output, world * shard)
     if algo == "native":
         dist.all_gather_single(work, input, group=topo.global_group)
         if work is not output:
@@ -503,8 +543,9 @@ def _all_gather(
     count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
     chunks = _block_chunks(shard, world, count)
     if algo == "ring":
-        _flat_ring(work, topo, chunks[0], block_of, ("ag",), None)
+        _flat_ring(work, topo, chunks[0], block_of, ("ag",), None, space)
     else:
-        _run(_stages(work, topo, block_of, _AG_STAGES, None), chunks, pipelined=algo == "horing")
+        stages = _stages(work, topo, block_of, _AG_STAGES, None, space)
+        _run(stages, chunks, pipelined=algo == "horing")
     if work is not output:
         output.copy_(work[:numel])

@@ -1,0 +1,161 @@
+"""Alpha-beta cost model of the collectives in engine.horing.collectives.
+
+A ring step that moves b bytes over a tier costs `latency + b / bandwidth`; the tiers are
+intra-node (between ranks of one node) and inter-node (one NIC per rail). With R nodes of
+g ranks (N = R*g) and S bytes:
+
+    ring    all-reduce 2(N-1) steps of S/N on the slowest tier the ring crosses;
+            reduce-scatter and all-gather (N-1) steps
+    hier    stages in sequence: intra RS (g-1 steps of S/g), inter RS then AG on every rail
+            at once (R-1 steps of S/(gR) each), intra AG (g-1 steps of S/g)
+    horing  the same stages on c chunks of S/c in a pipeline:
+            sum of the stage times of one chunk + (c-1) x the slowest stage's time
+    native  torch.distributed's own; gloo and NCCL run a flat ring here, so it is modelled
+            as `ring`
+
+`calibrate(topo)` measures both tiers with short ring probes on the real groups (all nodes,
+or all rails, at once, as the collectives use them), so the intra bandwidth includes the
+reductions and copies the ranks do on their cores. The PaRO planner uses `predict`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.horing.collectives import (
+    ALGOS,
+    DEFAULT_CHUNK_BYTES,
+    _chunk_count,
+    _ring_all_gather,
+    _ring_reduce_scatter,
+    _split,
+)
+from engine.horing.topology import Topology
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@dataclass(frozen=True)
+class Tier:
+    latency_s: float  # per ring step
+    bandwidth: float  # bytes per second per rank
+
+    def __post_init__(self) -> None:
+        if self.latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {self.latency_s}")
+        if self.bandwidth <= 0:
+            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+
+    def step(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Links:
+    intra: Tier
+    inter: Tier
+
+
+def _stage_times(op: str, chunk: float, topo: Topology, links: Links) -> list[float]:
+    g, r = topo.procs_per_node, topo.nodes
+    intra = (g - 1) * links.intra.step(chunk / g) if g > 1 else 0.0
+    inter = (r - 1) * links.inter.step(chunk / (g * r)) if r > 1 else 0.0
+    stages = {
+        "all_reduce": [intra, inter, inter, intra],
+        "reduce_scatter": [intra, inter],
+        "all_gather": [inter, intra],
+    }[op]
+    return [t for t in stages if t > 0]
+
+
+def predict(
+    algo: str,
+    op: str,
+    nbytes: int,
+    topo: Topology,
+    links: Links,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> float:
+    """Predicted seconds for `op` (all_reduce | reduce_scatter | all_gather) of an `nbytes`
+    buffer (the full buffer, also for reduce-scatter and all-gather) with `algo`."""
+    if algo not in ALGOS:
+        raise ValueError(f"algo must be one of {', '.join(ALGOS)}; got {algo!r}")
+    if op not in COLLECTIVES:
+        raise ValueError(f"op must be one of {', '.join(COLLECTIVES)}; got {op!r}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    n = topo.world_size
+    if algo in ("ring", "native"):
+        tier = links.inter if topo.nodes > 1 else links.intra
+        steps = (2 if op == "all_reduce" else 1) * (n - 1)
+        return steps * tier.step(nbytes / n)
+    chunks = _chunk_count(algo, nbytes, nbytes, chunk_bytes)
+    stages = _stage_times(op, nbytes / chunks, topo, links)
+    if not stages:
+        return 0.0
+    return sum(stages) + (chunks - 1) * max(stages)
+
+
+def lower_bound(op: str, nbytes: int, topo: Topology, inter: Tier) -> float:
+    """Least time any algorithm needs on the inter-node links: every node must send out
+    (R-1)/R of the buffer per reduce-scatter or all-gather half, over its g NICs."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"op must be one of {', '.join(COLLECTIVES)}; got {op!r}")
+    r, g = topo.nodes, topo.procs_per_node
+    if r == 1:
+        return 0.0
+    halves = 2 if op == "all_reduce" else 1
+    return halves * ((r - 1) / r * nbytes / (g * inter.bandwidth) + inter.latency_s)
+
+
+def calibrate(
+    topo: Topology,
+    small_bytes: int = 4 << 10,
+    large_bytes: int = 4 << 20,
+    repeats: int = 3,
+    dtype: torch.dtype = torch.float32,
+) -> Links:
+    """Measure both tiers with ring all-reduce probes (reduce-scatter + all-gather, so the
+    reductions are priced in) on every node's intra group, then on every rail at once.
+    Collective: every rank calls it; all ranks get the same answer."""
+    intra = _probe(topo, "intra", small_bytes, large_bytes, repeats, dtype)
+    inter = _probe(topo, "inter", small_bytes, large_bytes, repeats, dtype)
+    return Links(intra=intra, inter=inter)
+
+
+def _probe(
+    topo: Topology, tier: str, small: int, large: int, repeats: int, dtype: torch.dtype
+) -> Tier:
+    me = dist.get_rank()
+    if tier == "intra":
+        ring, group = topo.node_ranks(topo.node_of(me)), topo.intra
+    else:
+        ring, group = topo.rail_ranks(topo.local_rank_of(me)), topo.inter
+    size = len(ring)
+    if size == 1:  # the tier is unused by this topology
+        return Tier(0.0, float("inf"))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    step_times = []
+    for nbytes in (small, large):
+        flat = torch.zeros(max(size, nbytes // itemsize), dtype=dtype)
+        pieces = [[r] for r in _split(0, flat.numel(), size)]
+        samples = []
+        for _ in range(repeats + 1):  # the first round warms up connections and buffers
+            dist.barrier(group=topo.global_group)
+            start = time.perf_counter()
+            _ring_reduce_scatter(flat, pieces, ring, group)
+            _ring_all_gather(flat, pieces, ring, group)
+            samples.append(time.perf_counter() - start)
+        # the slowest rank sets the pace of a collective
+        elapsed = torch.tensor([statistics.median(samples[1:])], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=topo.global_group)
+        step_times.append((elapsed.item() / (2 * (size - 1)), flat.numel() * itemsize / size))
+    (t_small, b_small), (t_large, b_large) = step_times
+    bandwidth = (b_large - b_small) / max(t_large - t_small, 1e-9)
+    latency = max(0.0, t_small - b_small / bandwidth)
+    return Tier(latency, bandwidth)
