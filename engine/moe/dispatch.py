@@ -57,6 +57,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
         return _grouped_mm(a, b, offs=offsets)
 
     def run_part(e0: int, e1: int, r0: int, r1: int) -> torch.Tensor:
+        torch.set_num_threads(1)  # MKL's thread count is per calling thread
         offs = offsets[e0:e1] - r0
         if b.dim() == 3:
             return _grouped_mm(a[r0:r1], b[e0:e1], offs=offs)
@@ -67,7 +68,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
     global _cpu_workers
     if _cpu_workers is None or _cpu_workers._max_workers < threads:
         _cpu_workers = ThreadPoolExecutor(threads, thread_name_prefix="grouped_mm")
-    torch.set_num_threads(1)  # each worker's matmuls stay on its own core
+    torch.set_num_threads(1)  # so that each worker's matmuls stay on its own core
     try:
         parts = [f.result() for f in [_cpu_workers.submit(run_part, *r) for r in runs]]
     finally:
