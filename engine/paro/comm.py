@@ -59,6 +59,8 @@ class Comm:
         n = self._members(tier)
         if not self._count(tier, _nbytes(full), 1):
             return full.clone()
+        if dist.get_backend() == "gloo":
+            return self._ring_reduce_scatter(tier, full)
         out = full.new_empty(full.numel() // n)
         dist.reduce_scatter_single(out, full, group=self._group(tier))
         return out
@@ -108,6 +110,29 @@ class Comm:
         self._count_global(tensor, all_reduce=True)
         engine.horing.all_reduce(tensor, self.topo, self.collective)
         return tensor
+
+    def _ring_reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
+        """gloo's reduce_scatter is an all-reduce underneath (twice the bytes on the NIC,
+        measured by bench/paro.py), so on gloo it is a ring of point-to-point sends: in step
+        s, position i passes its partial sum of chunk i-s-1 on and adds chunk i-s-2."""
+        rank = dist.get_rank()
+        if tier == "intra":
+            ring = self.topo.node_ranks(self.topo.node_of(rank))
+        else:
+            ring = self.topo.rail_ranks(self.topo.local_rank_of(rank))
+        n, pos = len(ring), ring.index(rank)
+        chunks = full.clone().view(n, -1)
+        incoming = torch.empty_like(chunks[0])
+        for step in range(n - 1):
+            send, recv = (pos - step - 1) % n, (pos - step - 2) % n
+            ops = [
+                dist.P2POp(dist.isend, chunks[send], ring[(pos + 1) % n], self._group(tier)),
+                dist.P2POp(dist.irecv, incoming, ring[(pos - 1) % n], self._group(tier)),
+            ]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            chunks[recv] += incoming
+        return chunks[pos].clone()
 
     # ---- counting -----------------------------------------------------------------------
 

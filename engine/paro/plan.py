@@ -2,8 +2,9 @@
 
 Memory per device is spec section 4: M = b*Psi*f_p + b*Psi'*f_g + o*Psi'*f_os, with b = 2 and
 o = 12 (fp32 master, Adam m and v) for bf16, b = 4 and o = 8 for the fp32 CPU engine, whose
-parameters are their own master weights. A strategy fits when M is within the budget; the transient buffers of this engine (the gathered b*Psi parameters when p
-is sharded, the b*Psi' local gradient of one backward) are reported as `peak_bytes`.
+parameters are their own master weights. A strategy fits when M is within the budget; the
+transient buffers of this engine (the gathered b*Psi parameters when p is sharded, the b*Psi'
+local gradient of one backward) are reported as `peak_bytes`.
 
 Step time is the cost model of spec section 7 evaluated on the collectives this engine runs,
 which are exactly the schedule of section 5 (`schedule()`); the engine runs them after each
