@@ -1,4 +1,4 @@
-"""Local service processes: free ports, readiness waits, and the embedded Redis server.
+"""Local service processes: free ports, readiness waits, the embedded Redis server.
 
 Shared by `manage.py serve` and the platform's test fixtures, which start the same processes.
 """
@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +28,14 @@ def child_env(**overrides: str) -> dict[str, str]:
             "DJANGO_SETTINGS_MODULE": "ringside.settings", **overrides}
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None,
                   host: str = "127.0.0.1") -> None:
     """Return once `host:port` accepts connections; raise if `proc` exits or time runs out."""
@@ -38,11 +44,9 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited with code {proc.returncode} before "
                                f"listening on port {port}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
+        if port_in_use(port, host):
+            return
+        time.sleep(0.1)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f} s")
 
 
@@ -54,21 +58,12 @@ def redis_server_binary() -> str:
 
 
 def redis_server_command(port: int, data_dir: Path) -> list[str]:
+    """A private redis-server with an append-only file in `data_dir`, so queued jobs and
+    unread events survive a restart of `make run`."""
     data_dir.mkdir(parents=True, exist_ok=True)
     return [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-            "--dir", str(data_dir), "--save", "", "--appendonly", "no", "--daemonize", "no",
-            "--loglevel", "warning"]
-
-
-def start_embedded_redis(data_dir: Path, timeout: float = 10.0) -> tuple[subprocess.Popen, str]:
-    """Start redis-server on a free port; returns the process and its URL once it answers."""
-    port = free_port()
-    proc = subprocess.Popen(redis_server_command(port, data_dir), stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    wait_for_port(port, timeout, proc)
-    url = f"redis://127.0.0.1:{port}/0"
-    redis.Redis.from_url(url).ping()
-    return proc, url
+            "--dir", str(data_dir), "--save", "", "--appendonly", "yes",
+            "--daemonize", "no", "--loglevel", "warning"]
 
 
 def python_module(module: str, *args: str) -> list[str]:

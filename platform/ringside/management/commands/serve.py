@@ -13,16 +13,17 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from ringside.services import (
     child_env,
     free_port,
+    port_in_use,
     python_module,
     redis_server_command,
     wait_for_port,
@@ -42,7 +43,7 @@ class Child:
     started: float = 0.0
     backoff: float = 1.0
     restart_at: float | None = None
-    restarts: int = field(default=0)
+    restarts: int = 0
 
     def start(self) -> None:
         # its own session: Ctrl-C in the terminal reaches only `serve`, which stops children
@@ -83,6 +84,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host: str, port: int, **options) -> None:
+        if port_in_use(port):
+            raise CommandError(f"port {port} is already in use (another Ringside still running?); "
+                               "stop it or set PORT")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensure_admin", stdout=self.stdout)
         self.stopping = False
