@@ -155,3 +155,10 @@ def test_logging_in_from_the_home_page_lands_on_the_job_list(client, user, small
     response = client.post("/", {"username": "ada", "password": "pw-ada-123"}, follow=True)
     assert response.redirect_chain == [("/", 302)]
     assert f'href="/jobs/{job.pk}/"'.encode() in response.content
+
+
+def test_the_openapi_schema_validates_without_warnings(tmp_path):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", tmp_path / "s.yaml")
+    assert "/api/jobs/{id}/cancel/" in (tmp_path / "s.yaml").read_text()
