@@ -22,8 +22,6 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
 from jobs.models import Job
 
 from engine.runtime.events import events_stream
@@ -80,9 +78,8 @@ def store_events(job_id: int, events: Iterable[dict[str, Any]]) -> None:
     with transaction.atomic():
         Event.objects.bulk_create(rows, ignore_conflicts=True)
         MetricPoint.objects.bulk_create(points, ignore_conflicts=True, batch_size=2000)
-        Job.objects.filter(pk=job_id, step__lt=last_step).update(
-            step=Greatest(F("step"), Value(last_step))
-        )
+        # only forward: a replayed old batch must not move the job's step back
+        Job.objects.filter(pk=job_id, step__lt=last_step).update(step=last_step)
 
 
 def forward(job_id: int, messages: list[dict[str, Any]]) -> None:
