@@ -2,12 +2,14 @@
 
 Every message is JSON with `type` and `seq`: first `{"type": "snapshot", "seq", "job",
 "series"}`, then the engine's events as published (`step`, `state`, `checkpoint`, `log`, ...)
-and `{"type": "job", ...}` when the platform moves the job's state. The consumer joins the
-job's group before reading the snapshot and drops events the snapshot already holds, so
-nothing falls between the two.
+and `{"type": "job", ...}` when the platform moves the job's state. A client reconnecting with
+`?after=<seq>` gets, instead of the snapshot, exactly the stored events after that sequence
+number, then the live ones. The consumer joins the job's group before reading the database
+and drops live events it already sent, so nothing falls between the two.
 
 Refusals close the handshake with a code: 4401 not authenticated, 4404 no such job or not
-yours (staff may watch every job).
+yours (staff may watch every job). A bad `after` is answered with an `error` message naming
+it, then closed with 4400.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from monitor.ingest import job_group
 from monitor.models import Event
 from monitor.series import job_series
 
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 
@@ -65,31 +68,51 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if not await self._may_watch(user):
             await self.close(code=CLOSE_NOT_FOUND)
             return
+        after = parse_qs(self.scope.get("query_string", b"").decode()).get("after", [None])[0]
+        if after is not None and not after.isdigit():
+            await self.accept()
+            await self.send_json({"type": "error", "seq": 0,
+                                  "error": "after: must be a non-negative integer sequence number"})
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
         self.group = job_group(self.job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        snapshot = await self._snapshot()
-        self.snapshot_seq = snapshot["seq"]
-        await self.send_json(snapshot)
+        if after is None:
+            snapshot = await self._snapshot()
+            self.sent_seq = snapshot["seq"]
+            await self.send_json(snapshot)
+        else:
+            self.sent_seq = int(after)
+            for event in await self._stored_after(self.sent_seq):
+                await self.send_json(event)
+                self.sent_seq = event["seq"]
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs) -> None:
-        await self.send_json({"type": "error", "seq": self.snapshot_seq,
+        await self.send_json({"type": "error", "seq": self.sent_seq,
                               "error": "this socket is read-only; steer the job through the API"})
 
     async def job_message(self, message: dict[str, Any]) -> None:
         event = message["message"]
-        if event["type"] != "job" and event["seq"] <= self.snapshot_seq:
-            return  # already in the snapshot
+        if event["type"] != "job":
+            if event["seq"] <= self.sent_seq:
+                return  # already in the snapshot or the replay
+            self.sent_seq = event["seq"]
         await self.send_json(event)
 
     @database_sync_to_async
     def _may_watch(self, user) -> bool:
         jobs = Job.objects.filter(pk=self.job_id)
         return (jobs if user.is_staff else jobs.filter(owner=user)).exists()
+
+    @database_sync_to_async
+    def _stored_after(self, seq: int) -> list[dict[str, Any]]:
+        return list(Event.objects.filter(job_id=self.job_id, seq__gt=seq).order_by("seq")
+                    .values_list("data", flat=True))
 
     @database_sync_to_async
     def _snapshot(self) -> dict[str, Any]:

@@ -87,3 +87,25 @@ async def test_staff_may_watch_any_job_with_their_session(job, django_user_model
     assert connected
     assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
     await comm.disconnect()
+
+
+async def test_a_client_reconnecting_after_a_seq_gets_exactly_what_it_missed(job, user):
+    await sync_to_async(store_events)(job.pk, [
+        {"type": "step", "job": str(job.pk), "step": s, "time": 1.0, "seq": s, "loss": 6.0 - s}
+        for s in (1, 2, 3)])
+    comm = communicator(job, "?after=1", user=user)
+    connected, _ = await comm.connect()
+    assert connected
+    replay = [await comm.receive_json_from(timeout=5) for _ in range(2)]
+    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3)]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_a_bad_after_is_answered_with_an_error_naming_it(job, user):
+    comm = communicator(job, "?after=yesterday", user=user)
+    connected, _ = await comm.connect()
+    assert connected
+    message = await comm.receive_json_from(timeout=5)
+    assert message["type"] == "error" and message["error"].startswith("after:")
+    assert (await comm.receive_output(timeout=5))["code"] == 4400
