@@ -3,7 +3,8 @@
 Each step: one all-reduce (MAX) of two numbers, "this rank found something" and its wall
 clock. Only when some rank found something do the ranks exchange the anomalies themselves
 (with their evidence) in one `all_gather_object`. The result is the same list on every rank,
-deduplicated by (kind, rank) and ordered by kind then rank, and the same `now` for the caps.
+deduplicated by (kind, rank) and ordered by kind, then rank (global ones last), and the same
+`now` for the caps.
 """
 
 from __future__ import annotations
@@ -36,5 +37,7 @@ def _canonical(anomalies: list[Anomaly]) -> list[Anomaly]:
     unique: dict[tuple[str, int | None], Anomaly] = {}
     for a in anomalies:
         unique.setdefault((a.kind, a.rank), a)
-    return sorted(unique.values(), key=lambda a: (KINDS.index(a.kind), -1 if a.rank is None
-                                                  else a.rank))
+    # a kind's anomalies that name a rank come before the global one, so the ladder's
+    # decision (taken on the first of each kind) names the rank where it is known
+    return sorted(unique.values(), key=lambda a: (KINDS.index(a.kind), a.rank is None,
+                                                  a.rank or 0))

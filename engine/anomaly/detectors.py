@@ -10,8 +10,10 @@ Thresholds come from `faults.policy.thresholds[kind][param]` over DEFAULTS. Ever
 state is plain numbers and lists, so `state_dict()` goes into the checkpoint as is.
 
 Where the defaults differ from the spec's, it is for short runs on small models: the EwmaZ
-warm-up is 20 steps, not 120, so a spike in the first hundred steps is still caught; to keep
-a noisy but healthy curve quiet, a flag also needs the value to be `min_rise` above the mean.
+warm-up is 5 steps for the loss and 20 for the grad norm (whose first steps swing more), not
+120, so a spike early in a run is still caught; to keep a noisy but healthy curve quiet, a
+flag also needs the value to be `min_rise` above the mean (25% for the loss, 2x for the grad
+norm). On a falling loss the EWMA mean lags above the curve, so noise rarely gets there.
 """
 
 from __future__ import annotations
@@ -28,14 +30,18 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "nan": {},
     # EwmaZ(alpha, warmup, z) plus a relative floor; > max_factor x the max seen after
     # max_after steps is catastrophic whatever the variance (Megatron's rule)
-    "loss_spike": {"alpha": 0.02, "warmup": 20, "z": 3.0, "min_rise": 0.25,
+    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 3.0, "min_rise": 0.25,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     "grad_spike": {"alpha": 0.02, "warmup": 20, "z": 3.0, "min_rise": 1.0,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     # windowed median throughput against the best windowed median (NVRx: best/current < 0.7)
     "throughput_drop": {"ratio": 0.7, "window": 10, "warmup": 5},
-    # per-rank compute time over a window: fastest/rank < score, for `patience` steps in a row
-    "straggler": {"score": 0.7, "window": 5, "patience": 3},
+    # per-rank compute time over a window: median of the other ranks / rank < score, for
+    # `patience` steps in a row. Against the median, not the fastest (one lucky rank must not
+    # make all others slow), and 2x (DLRover's rule) rather than NVRx's 0.7: ranks sharing
+    # oversubscribed cores drift 1.5x apart for several steps without being stragglers
+    # (the first `warmup` steps, with their allocations and first-call costs, are skipped)
+    "straggler": {"score": 0.5, "window": 3, "patience": 3, "warmup": 10},
     "hang": {},
     # per layer over a window: mean normalised load entropy below `entropy`, or at least
     # `dead_share` of the experts without a token for the whole window
@@ -209,30 +215,32 @@ class Detectors:
 
     # -- cross-rank timings (an OpAggregator result, identical on all ranks) ---------------
     def check_ops(self, step: int, aggregate: dict[str, Any]) -> list[Anomaly]:
-        """Straggler: a rank whose compute time is far above the fastest rank's while the
-        others wait for it in collectives."""
+        """Straggler: a rank whose compute time is far above the other ranks' (their median)
+        while they wait for it in collectives."""
         t = self.thresholds["straggler"]
         rows = aggregate["ranks"]
         if len(rows) < 2:
             return []
         if self.compute and len(self.compute[0]) != len(rows):  # resharded: start over
             self.compute, self.straggler_run, self.straggling = [], {}, []
+        if step <= t["warmup"]:
+            return []
         self.compute = (self.compute + [[r["compute_ms"] for r in rows]])[-int(t["window"]):]
         if len(self.compute) < t["window"]:
             return []
         per_rank = [statistics.median(col) for col in zip(*self.compute, strict=True)]
-        fastest = min(per_rank)
         found = []
         for i, row in enumerate(rows):
             rank = row["rank"]
-            score = fastest / per_rank[i] if per_rank[i] > 0 else 1.0
+            typical = statistics.median(per_rank[:i] + per_rank[i + 1:])
+            score = typical / per_rank[i] if per_rank[i] > 0 else 1.0
             run = self.straggler_run.get(rank, 0) + 1 if score < t["score"] else 0
             self.straggler_run[rank] = run
             if run >= t["patience"] and rank not in self.straggling:
                 self.straggling.append(rank)
                 found.append(Anomaly("straggler", "error", step, rank, {
                     "score": score, "threshold": t["score"], "compute_ms": per_rank[i],
-                    "fastest_compute_ms": fastest,
+                    "median_compute_ms": typical,
                     "comm_ms": {r["rank"]: r["comm_ms"] for r in rows},
                     "compute_ms_per_rank": dict(zip([r["rank"] for r in rows], per_rank,
                                                     strict=True)),

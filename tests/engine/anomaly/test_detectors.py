@@ -60,7 +60,7 @@ def feed(detectors: Detectors, until: int, seed: int = 0) -> None:
         assert detectors.check_step(step, loss=loss, grad_norm=grad) == []
 
 
-@pytest.mark.parametrize("at", [25, 60, 250])
+@pytest.mark.parametrize("at", [8, 25, 60, 250])
 def test_loss_spike_fires_in_the_step_it_happens(at):
     detectors = Detectors(rank=1)
     feed(detectors, at - 1)
@@ -74,7 +74,7 @@ def test_loss_spike_fires_in_the_step_it_happens(at):
 
 
 def test_ten_times_the_max_is_catastrophic_even_with_a_wide_variance():
-    ewma = EwmaZ(alpha=0.02, warmup=20, z=1e9, min_rise=0.25, max_factor=10, max_after=100,
+    ewma = EwmaZ(alpha=0.02, warmup=5, z=1e9, min_rise=0.25, max_factor=10, max_after=100,
                  wide=3)
     for i in range(100):
         assert ewma.update(1.0 + (i % 2)) is None
@@ -127,11 +127,11 @@ def test_straggler_names_the_slow_rank_within_10_steps():
     rng = random.Random(0)
     fired = []
     for step in range(1, 41):
-        slow = {3: 2.0} if step > 20 else None
+        slow = {3: 3.0} if step > 20 else None
         fired += [(step, a) for a in detectors.check_ops(step, rank_rows(rng, slow))]
     ((step, straggler),) = fired
     assert straggler.rank == 3 and step <= 20 + 10
-    assert straggler.evidence["score"] < straggler.evidence["threshold"] == 0.7
+    assert straggler.evidence["score"] < straggler.evidence["threshold"] == 0.5
     assert set(straggler.evidence["compute_ms_per_rank"]) == {0, 1, 2, 3}
 
 
