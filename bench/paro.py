@@ -54,7 +54,7 @@ from engine.horing.cost import Links, Tier, calibrate
 from engine.horing.topology import Topology
 from engine.moe import MoEConfig, MoEModel, preset
 from engine.paro import STRATEGY_NAMES, ShardedDataParallel
-from engine.paro.plan import plan
+from engine.paro.planner import plan
 
 GRAD_ACCUM, MICRO_BATCH, SEQ_LEN = 4, 1, 64
 LR, CLIP = 3e-4, 1.0
@@ -354,15 +354,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if os.geteuid() != 0:
                 parser.error("the emulated cluster needs root; use --localhost without it")
-            from bench.cluster import ClusterSpec, cluster, current, run
+            import bench.cluster as emulated
 
-            spec = ClusterSpec(args.nodes, args.procs_per_node, args.inter_gbit)
+            # bench.cluster's namespace names are global and its `down` kills whatever runs in
+            # them, so another benchmark bringing its own cluster up or down would end this
+            # one: this run gets namespaces of its own, outside the "ringside-" prefix
+            emulated.PREFIX, emulated.SWITCH = "rsparo-", "rsparo-sw"
+            emulated.STATE = Path("/run/rsparo-cluster.json")
+            spec = emulated.ClusterSpec(args.nodes, args.procs_per_node, args.inter_gbit)
             where = {"mode": "emulated cluster (bench.cluster)", **dataclasses.asdict(spec)}
-            if current() == spec:  # one of this shape is up already: use it, leave it up
-                status = run(cmd, timeout=args.timeout, port=PORT)
-            else:
-                with cluster(spec):
-                    status = run(cmd, timeout=args.timeout, port=PORT)
+            with emulated.cluster(spec):
+                status = emulated.run(cmd, timeout=args.timeout, port=PORT)
         if status:
             print(f"bench.paro: a rank failed with status {status}", file=sys.stderr)
             return status

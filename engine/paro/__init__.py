@@ -19,12 +19,28 @@ order, no padding), disjoint across ranks; save `dp.adam_step` alongside. Restor
 strategy or world size with `dp.load_sharded_state(read)`, where `read(kind, offset, length)`
 returns those global elements, then set `dp.adam_step`.
 
-Planner: `plan(model_config, topology, memory_budget_bytes, grad_accum, links)` ranks every
-strategy; `python -m engine.paro.plan --help` prints it as a table.
+Optimizer: AdamW with torch's arithmetic on the owned shard, weight decay on matrices only
+(ndim >= 2); fp32 parameters are their own master weights, other dtypes keep an fp32 copy.
+Gradients are averaged over ranks; `step(lr, grad_clip)` clips on the global norm (grad_clip
+<= 0: no clipping). Parameters must all be trainable and share one dtype and device.
+
+Planner: `plan(model_config, topology, memory_budget_bytes, grad_accum, links, *, trainable,
+compute_time_s, dtype_bytes, collective) -> list[PlanRow]` ranks every strategy (links:
+engine.horing.cost.Links, measured by engine.horing.cost.calibrate); `python -m
+engine.paro.plan --help` prints it as a table.
 """
 
 from engine.paro.layout import ShardLayout
+from engine.paro.planner import PlanRow, plan
 from engine.paro.sharded import ShardedDataParallel
 from engine.paro.strategy import STRATEGY_NAMES, Strategy, parse_strategy
 
-__all__ = ["STRATEGY_NAMES", "ShardLayout", "ShardedDataParallel", "Strategy", "parse_strategy"]
+__all__ = [
+    "STRATEGY_NAMES",
+    "PlanRow",
+    "ShardLayout",
+    "ShardedDataParallel",
+    "Strategy",
+    "parse_strategy",
+    "plan",
+]

@@ -18,6 +18,8 @@ collective priced as a ring on that tier's `engine.horing.cost.Tier`, every glob
 which is the "hier" model), and t_opt = read+write of the owned optimizer shard.
 
     python -m engine.paro.plan --preset small --nodes 2 --procs-per-node 2 --budget-gb 1
+
+(engine/paro/plan.py is only that command, so `engine.paro.plan` stays the function.)
 """
 
 from __future__ import annotations
@@ -251,7 +253,3 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         ap.error(str(e))
     print(format_table(rows, args.budget_gb * 1e9))
-
-
-if __name__ == "__main__":
-    main()

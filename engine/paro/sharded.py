@@ -66,7 +66,8 @@ class ShardedDataParallel:
         self.strategy = parse_strategy(strategy)
         self.comm = Comm(topo, collective)
         self.topo = topo
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        # lr is validated here; step() takes the scheduled value
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
         self.grad_accum = grad_accum
         self.adam_step = 0  # AdamW's bias-correction count; save it with a checkpoint
         self._micro_steps = 0
@@ -195,20 +196,16 @@ class ShardedDataParallel:
         exactly once whatever the strategy."""
         lo, hi = self.layout.real_range("G", self._group, self._local)
         base = self.layout.start(self.strategy.optim, self._group, self._local)
-        buffers = dict(
-            zip(STATE_KINDS, (self._master, self._exp_avg, self._exp_avg_sq), strict=True)
-        )
         return {
-            k: (t[lo - base : hi - base].clone(), lo, self.layout.numel) for k, t in buffers.items()
+            kind: (t[lo - base : hi - base].clone(), lo, self.layout.numel)
+            for kind, t in self._optimizer_buffers().items()
         }
 
     def load_sharded_state(self, read: Callable[[str, int, int], torch.Tensor]) -> None:
         """Fill this rank's shards from a checkpoint; `read(kind, offset, length)` returns the
         global elements [offset, offset + length) of a kind. Set `adam_step` separately."""
         s, lay = self.strategy, self.layout
-        for kind, target in zip(
-            STATE_KINDS, (self._master, self._exp_avg, self._exp_avg_sq), strict=True
-        ):
+        for kind, target in self._optimizer_buffers().items():
             target.copy_(self._read_padded(read, kind, s.optim, target.numel()))
         params = self._full if s.params == "N" else self._param_shard
         params.copy_(self._read_padded(read, "params", s.params, lay.size(s.params)))
@@ -225,6 +222,9 @@ class ShardedDataParallel:
             self._free_params()
 
     # ---- internals ---------------------------------------------------------------------
+
+    def _optimizer_buffers(self) -> dict[str, torch.Tensor]:
+        return dict(zip(STATE_KINDS, (self._master, self._exp_avg, self._exp_avg_sq), strict=True))
 
     def _own(self, full: torch.Tensor, level: str) -> torch.Tensor:
         start = self.layout.start(level, self._group, self._local)

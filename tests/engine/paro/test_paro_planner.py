@@ -8,7 +8,7 @@ from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe import param_count, preset
 from engine.paro import STRATEGY_NAMES
-from engine.paro.plan import main, plan
+from engine.paro.planner import main, plan
 
 PSI_7B, PSI_65B = 6.74e9, 65.2e9
 GB = 1e9
