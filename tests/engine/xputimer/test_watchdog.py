@@ -1,13 +1,21 @@
-"""Hang watchdog: fires on an op older than its timeout, names it, dumps all stacks."""
+"""Hang watchdog: fires on an op older than its timeout, names it, dumps all stacks; across
+real gloo ranks, the hung rank and the ranks waiting for it in a collective are each named."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
 import time
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from engine.anomaly import Anomaly
+from engine.anomaly import Anomaly, FaultInjector
+from engine.runtime.spec import FaultInjection
 from engine.xputimer import HangWatchdog, OpTimer
 
 
@@ -103,3 +111,49 @@ def test_paused_watchdog_stays_quiet(tmp_path):
 def test_timeout_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="hang_timeout_s"):
         HangWatchdog(OpTimer(), timeout_s=0, dump_dir=tmp_path, on_hang=print)
+
+
+HANG_RANK, HANG_STEP, WORLD = 1, 3, 3
+
+
+def hang_rank_main(rank: int, port: int, out: str) -> None:
+    """Rank 1 hangs inside its forward at step 3; the others block in the all-reduce."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    timer = OpTimer(rank)
+    injector = FaultInjector([FaultInjection("hang", step=HANG_STEP, rank=HANG_RANK)], rank)
+
+    def on_hang(anomaly: Anomaly) -> None:
+        with open(f"{out}/hang-{rank}.json", "w") as f:
+            json.dump({"rank": anomaly.rank, "step": anomaly.step, **anomaly.evidence}, f)
+        time.sleep(3)  # let every rank's watchdog report before the first one leaves
+        os._exit(0)  # a supervisor would restart the ranks here
+
+    HangWatchdog(timer, timeout_s=1.0, dump_dir=out, on_hang=on_hang, poll_s=0.1).start()
+    grads = torch.ones(1024)
+    for step in range(1, 10):
+        with timer.op("forward"):
+            injector.hang_point(step)
+        with timer.op("grad_all_reduce", kind="collective", group="global", nbytes=4096,
+                      collective="all_reduce", group_size=WORLD):
+            dist.all_reduce(grads)
+        timer.step_end(step)
+
+
+def test_a_hung_rank_and_the_ranks_waiting_for_it_are_each_named(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    mp.start_processes(hang_rank_main, args=(port, str(tmp_path)), nprocs=WORLD,
+                       start_method="fork")
+    assert time.monotonic() - started < 60
+    reports = {r: json.loads((tmp_path / f"hang-{r}.json").read_text()) for r in range(WORLD)}
+    assert reports[HANG_RANK]["op"] == "forward"
+    for rank in set(range(WORLD)) - {HANG_RANK}:
+        assert reports[rank]["op"] == "grad_all_reduce" and reports[rank]["group"] == "global"
+        assert reports[rank]["seq"] == HANG_STEP
+    assert all(r["step"] == HANG_STEP and 1.0 < r["age_s"] < 1.0 + 5 for r in reports.values())
+    assert (tmp_path / f"hang-rank{HANG_RANK}-step{HANG_STEP}.txt").read_text().count(
+        "hang_point") == 1
