@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from celery import shared_task
 from django.conf import settings
 from monitor.ingest import StreamIngest, forward
+from ringside.services import child_env
 
 from jobs.models import Cause, IllegalTransition, Job, State
 
@@ -75,13 +77,12 @@ def run_job(job_id: int) -> str:
     ingest = StreamIngest(job.pk, client, consumer=f"supervisor-{job.pk}")
     _notify_state(job, ingest.last_seq)
 
-    root = settings.REPO_ROOT
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root),
-                                                                      os.environ.get("PYTHONPATH")]))}
     stderr_path = folder / "stderr.log"
     with (folder / "stdout.log").open("wb") as out, stderr_path.open("wb") as err:
-        proc = subprocess.Popen(engine_command(job, spec_path), cwd=root, env=env, stdout=out,
-                                stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        # its own process group, so cancel signals reach the launcher and every rank
+        proc = subprocess.Popen(engine_command(job, spec_path), cwd=settings.REPO_ROOT,
+                                env=child_env(), stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     log.info("job %s: engine started, pid %s", job.pk, proc.pid)
     try:
         engine = _supervise(job, proc, ingest)
@@ -99,10 +100,20 @@ def run_job(job_id: int) -> str:
     return job.state
 
 
-def _supervise(job: Job, proc: subprocess.Popen, ingest: StreamIngest) -> dict:
-    """Pump events until the engine exits; returns what its state events said."""
-    engine: dict = {"error": "", "state": "", "reason": ""}
-    terminated_at = None
+@dataclass
+class EngineReport:
+    """What the engine's last `state` event said."""
+
+    state: str = ""
+    error: str = ""
+    reason: str = ""
+
+
+def _supervise(job: Job, proc: subprocess.Popen, ingest: StreamIngest) -> EngineReport:
+    """Pump events until the engine exits; carry out a cancel request on the way."""
+    engine = EngineReport()
+    sigterm_sent = False
+    kill_at: float | None = None
     last_check = 0.0
     while True:
         exited = proc.poll() is not None
@@ -110,13 +121,12 @@ def _supervise(job: Job, proc: subprocess.Popen, ingest: StreamIngest) -> dict:
         for event in events:
             if event["type"] != "state":
                 continue
-            engine["state"] = event.get("state", "")
-            engine["error"] = event.get("error", engine["error"])
-            engine["reason"] = event.get("reason", "")
-            if engine["state"] == "running" and job.state == State.STARTING:
+            engine = EngineReport(event.get("state", ""), event.get("error", engine.error),
+                                  event.get("reason", ""))
+            if engine.state == "running" and job.state == State.STARTING:
                 job.mark_running()
                 _notify_state(job, event["seq"])
-            elif engine["state"] == "completed" and job.state in (State.STARTING, State.RUNNING):
+            elif engine.state == "completed" and job.state in (State.STARTING, State.RUNNING):
                 job.begin_completing()
                 _notify_state(job, event["seq"])
         if exited:
@@ -125,14 +135,14 @@ def _supervise(job: Job, proc: subprocess.Popen, ingest: StreamIngest) -> dict:
         if now - last_check >= CANCEL_POLL_S:
             last_check = now
             job.refresh_from_db(fields=["cancel_requested_at", "cancel_cause", "cancel_actor"])
-            if job.cancel_requested_at and terminated_at is None:
+            if job.cancel_requested_at and not sigterm_sent:
                 log.info("job %s: cancel requested, SIGTERM to the engine", job.pk)
                 _kill_group(proc, signal.SIGTERM)
-                terminated_at = now
-        if terminated_at is not None and now - terminated_at > settings.JOB_CANCEL_GRACE_S:
+                sigterm_sent, kill_at = True, now + settings.JOB_CANCEL_GRACE_S
+        if kill_at is not None and now >= kill_at:
             log.warning("job %s: engine still alive after SIGTERM, SIGKILL", job.pk)
             _kill_group(proc, signal.SIGKILL)
-            terminated_at = float("inf")  # killed; wait for the exit
+            kill_at = None
 
 
 def _kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
@@ -142,7 +152,7 @@ def _kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def _finish(job: Job, returncode: int, engine: dict, stderr_path: Path) -> None:
+def _finish(job: Job, returncode: int, engine: EngineReport, stderr_path: Path) -> None:
     job.refresh_from_db()
     try:
         if job.cancel_requested_at:
@@ -152,10 +162,10 @@ def _finish(job: Job, returncode: int, engine: dict, stderr_path: Path) -> None:
                 job.begin_completing()
             job.complete()
         else:
-            reason = engine["error"] or f"the engine exited with code {returncode}"
-            if engine["state"] == "cancelled":  # e.g. the platform shutting down (Ctrl-C)
+            reason = engine.error or f"the engine exited with code {returncode}"
+            if engine.state == "cancelled":  # e.g. the platform shutting down (Ctrl-C)
                 reason = (f"the engine was stopped from outside the platform "
-                          f"({engine['reason'] or 'a signal'}; exit code {returncode})")
+                          f"({engine.reason or 'a signal'}; exit code {returncode})")
             if returncode < 0:
                 reason = f"the engine was killed by signal {signal.Signals(-returncode).name}"
             tail = _stderr_tail(stderr_path)
