@@ -9,13 +9,14 @@ Each node is a namespace `ringside-n<k>`. Local rank j of every node has its own
 `ringside-sw`: one rail per local index, each NIC with its own bandwidth, as on a GPU node
 with one NIC per GPU. Both ends of every veth are rate-limited with a tc token bucket (tbf),
 so a NIC carries `inter_gbit` in and out at the same time; an added latency, if asked for,
-is a netem qdisc under it (half on each end). Ranks on
-one node talk over the node's local routes (loopback speed); gloo binds each rank to its
-NIC (GLOO_SOCKET_IFNAME), so rail traffic leaves through that rank's own NIC. A rank talking
-to another rail's rank on another node goes out through the NIC of the destination's rail.
+is a netem qdisc under it (half on each end). Ranks on one node talk over the node's local
+routes (loopback speed); gloo binds each rank to its NIC (GLOO_SOCKET_IFNAME), so rail
+traffic leaves through that rank's own NIC. A rank talking to another rail's rank on another
+node goes out through the NIC of the destination's rail (one channel, as a flat ring has).
 
-Everything lives in namespaces this module creates; `down` removes them all (after stopping
-any process still inside) and is safe to run at any time. Needs root.
+Everything lives in namespaces this module creates (named after $RINGSIDE_CLUSTER, default
+"ringside"); `down` removes them all (after stopping any process still inside) and is safe to
+run at any time. Needs root.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,10 +34,24 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-PREFIX = "ringside-"
-SWITCH = PREFIX + "sw"
-STATE = Path("/run/ringside-cluster.json")
 MASTER_PORT = 29400
+
+
+def cluster_name() -> str:
+    """Namespaces are global to the host: $RINGSIDE_CLUSTER (default "ringside") names this
+    cluster, so that two of them (a test and a benchmark, say) can be up side by side."""
+    name = os.environ.get("RINGSIDE_CLUSTER", "ringside")
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,15}", name):
+        raise ValueError(f"RINGSIDE_CLUSTER must be 1-16 lowercase letters/digits, got {name!r}")
+    return name
+
+
+def _switch() -> str:
+    return f"{cluster_name()}-sw"
+
+
+def _state() -> Path:
+    return Path(f"/run/{cluster_name()}-cluster.json")
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ class ClusterSpec:
 
 
 def node_ns(node: int) -> str:
-    return f"{PREFIX}n{node}"
+    return f"{cluster_name()}-n{node}"
 
 
 def address(node: int, local: int) -> str:
@@ -113,14 +129,15 @@ def _sysctl(ns: str, **values: str) -> None:
 def namespaces() -> list[str]:
     """Our namespaces that exist now."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    prefix = cluster_name() + "-"
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
 def current() -> ClusterSpec | None:
     """The spec of the cluster that is up, or None."""
-    if not STATE.exists() or SWITCH not in namespaces():
+    if not _state().exists() or _switch() not in namespaces():
         return None
-    return ClusterSpec(**json.loads(STATE.read_text()))
+    return ClusterSpec(**json.loads(_state().read_text()))
 
 
 def _require_root() -> None:
@@ -139,16 +156,17 @@ def up(spec: ClusterSpec) -> ClusterSpec:
     except BaseException:
         down()
         raise
-    STATE.write_text(json.dumps(asdict(spec)))
+    _state().write_text(json.dumps(asdict(spec)))
     return spec
 
 
 def _create(spec: ClusterSpec) -> None:
-    _sh("ip", "netns", "add", SWITCH)
-    _sh("ip", "-n", SWITCH, "link", "set", "lo", "up")
+    switch = _switch()
+    _sh("ip", "netns", "add", switch)
+    _sh("ip", "-n", switch, "link", "set", "lo", "up")
     for local in range(spec.procs_per_node):
-        _sh("ip", "-n", SWITCH, "link", "add", f"br{local}", "type", "bridge")
-        _sh("ip", "-n", SWITCH, "link", "set", f"br{local}", "mtu", str(spec.mtu), "up")
+        _sh("ip", "-n", switch, "link", "add", f"br{local}", "type", "bridge")
+        _sh("ip", "-n", switch, "link", "set", f"br{local}", "mtu", str(spec.mtu), "up")
     for node in range(spec.nodes):
         ns = node_ns(node)
         _sh("ip", "netns", "add", ns)
@@ -168,13 +186,13 @@ def _create(spec: ClusterSpec) -> None:
             nic, port = f"nic{local}", f"n{node}r{local}"
             _sh(
                 "ip", "link", "add", nic, "netns", ns, "mtu", str(spec.mtu), "type", "veth",
-                "peer", "name", port, "netns", SWITCH, "mtu", str(spec.mtu),
+                "peer", "name", port, "netns", switch, "mtu", str(spec.mtu),
             )  # fmt: skip
             _sh("ip", "-n", ns, "addr", "add", f"{address(node, local)}/24", "dev", nic)
             _sh("ip", "-n", ns, "link", "set", nic, "up")
-            _sh("ip", "-n", SWITCH, "link", "set", port, "master", f"br{local}", "up")
+            _sh("ip", "-n", switch, "link", "set", port, "master", f"br{local}", "up")
             _shape(ns, nic, spec)
-            _shape(SWITCH, port, spec)
+            _shape(switch, port, spec)
 
 
 def down() -> None:
@@ -187,7 +205,7 @@ def down() -> None:
             except ProcessLookupError:
                 pass
         _sh("ip", "netns", "del", ns)
-    STATE.unlink(missing_ok=True)
+    _state().unlink(missing_ok=True)
 
 
 @contextmanager
@@ -235,17 +253,16 @@ def run(cmd: list[str], timeout: float | None = None, port: int = MASTER_PORT) -
     deadline = None if timeout is None else time.monotonic() + timeout
     status = 0
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed:
-                status = failed[0]
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed or None not in codes:
+                status = failed[0] if failed else 0
                 break
             if deadline is not None and time.monotonic() > deadline:
                 status = 124
                 break
             time.sleep(0.05)
-        else:
-            status = next((p.returncode for p in procs if p.returncode), 0)
     finally:
         for p in procs:
             if p.poll() is None:

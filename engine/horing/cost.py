@@ -8,10 +8,11 @@ g ranks (N = R*g) and S bytes:
             reduce-scatter and all-gather (N-1) steps
     hier    stages in sequence: intra RS (g-1 steps of S/g), inter RS then AG on every rail
             at once (R-1 steps of S/(gR) each), intra AG (g-1 steps of S/g)
-    horing  the same stages on c chunks of S/c in a pipeline:
-            sum of the stage times of one chunk + (c-1) x the slowest stage's time
-    native  torch.distributed's own; gloo and NCCL run a flat ring here, so it is modelled
-            as `ring`
+    horing  the same stages on c chunks of S/c in a pipeline: the time of one chunk through
+            all stages, then (c-1) x the transfer time per chunk of the busiest tier (the
+            stages on one tier share its links; their latencies overlap other transfers)
+    native  torch.distributed's own, modelled as gloo runs it: a flat ring, whose
+            reduce-scatter costs as much as an all-reduce
 
 `calibrate(topo)` measures both tiers with short ring probes on the real groups (all nodes,
 or all rails, at once, as the collectives use them), so the intra bandwidth includes the
@@ -20,7 +21,6 @@ reductions and copies the ranks do on their cores. The PaRO planner uses `predic
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -61,16 +61,17 @@ class Links:
     inter: Tier
 
 
-def _stage_times(op: str, chunk: float, topo: Topology, links: Links) -> list[float]:
+def _stages(op: str, chunk: float, topo: Topology, links: Links) -> list[tuple[Tier, int, float]]:
+    """(tier, ring steps, bytes per step) of each stage that moves data, for one chunk."""
     g, r = topo.procs_per_node, topo.nodes
-    intra = (g - 1) * links.intra.step(chunk / g) if g > 1 else 0.0
-    inter = (r - 1) * links.inter.step(chunk / (g * r)) if r > 1 else 0.0
+    intra = (links.intra, g - 1, chunk / g)
+    inter = (links.inter, r - 1, chunk / (g * r))
     stages = {
         "all_reduce": [intra, inter, inter, intra],
         "reduce_scatter": [intra, inter],
         "all_gather": [inter, intra],
     }[op]
-    return [t for t in stages if t > 0]
+    return [stage for stage in stages if stage[1] > 0]
 
 
 def predict(
@@ -92,13 +93,21 @@ def predict(
     n = topo.world_size
     if algo in ("ring", "native"):
         tier = links.inter if topo.nodes > 1 else links.intra
-        steps = (2 if op == "all_reduce" else 1) * (n - 1)
-        return steps * tier.step(nbytes / n)
+        # gloo's reduce-scatter reduces the whole buffer everywhere: an all-reduce's cost
+        halves = 1 if op == "all_gather" or (algo == "ring" and op == "reduce_scatter") else 2
+        return halves * (n - 1) * tier.step(nbytes / n)
     chunks = _chunk_count(algo, nbytes, nbytes, chunk_bytes)
-    stages = _stage_times(op, nbytes / chunks, topo, links)
+    stages = _stages(op, nbytes / chunks, topo, links)
     if not stages:
         return 0.0
-    return sum(stages) + (chunks - 1) * max(stages)
+    one_chunk = sum(steps * tier.step(size) for tier, steps, size in stages)
+    # in the pipeline the stages on one tier share its links, while their per-step latencies
+    # overlap with other stages' transfers: after the first chunk, each further chunk costs
+    # the busiest tier's transfer time
+    busy = {}
+    for tier, steps, size in stages:
+        busy[id(tier)] = busy.get(id(tier), 0.0) + steps * size / tier.bandwidth
+    return one_chunk + (chunks - 1) * max(busy.values())
 
 
 def lower_bound(op: str, nbytes: int, topo: Topology, inter: Tier) -> float:
@@ -116,8 +125,8 @@ def lower_bound(op: str, nbytes: int, topo: Topology, inter: Tier) -> float:
 def calibrate(
     topo: Topology,
     small_bytes: int = 4 << 10,
-    large_bytes: int = 4 << 20,
-    repeats: int = 3,
+    large_bytes: int = 8 << 20,
+    repeats: int = 5,
     dtype: torch.dtype = torch.float32,
 ) -> Links:
     """Measure both tiers with ring all-reduce probes (reduce-scatter + all-gather, so the
@@ -151,8 +160,9 @@ def _probe(
             _ring_reduce_scatter(flat, pieces, ring, group)
             _ring_all_gather(flat, pieces, ring, group)
             samples.append(time.perf_counter() - start)
-        # the slowest rank sets the pace of a collective
-        elapsed = torch.tensor([statistics.median(samples[1:])], dtype=torch.float64)
+        # the fastest round is the one least disturbed by other work on the host; the
+        # slowest rank of that round sets the pace of a collective
+        elapsed = torch.tensor([min(samples[1:])], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=topo.global_group)
         step_times.append((elapsed.item() / (2 * (size - 1)), flat.numel() * itemsize / size))
     (t_small, b_small), (t_large, b_large) = step_times
