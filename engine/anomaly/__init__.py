@@ -11,10 +11,10 @@ from engine.anomaly.ladder import (
     ResponseLadder,
     policy_ladders,
 )
-from engine.anomaly.manager import FaultManager
+from engine.anomaly.manager import FaultManager, policy_errors
 
 __all__ = [
     "ACTIONS", "DEFAULTS", "DEFAULT_LADDERS", "INJECTED_CRASH_EXIT_CODE", "KINDS", "SEVERITIES",
     "Anomaly", "Decision", "Detectors", "EwmaZ", "FaultInjector", "FaultManager", "ResponseLadder",
-    "agree_anomalies", "crash_anomaly", "policy_ladders", "policy_thresholds",
+    "agree_anomalies", "crash_anomaly", "policy_errors", "policy_ladders", "policy_thresholds",
 ]
