@@ -5,7 +5,7 @@
 The workload is a stand-in for the training loop (engine/runtime/train.py does not wire the
 timers yet): the real MoE model and data loader, AdamW, and a real gloo all-reduce of the
 gradients in a one-rank group. Every module of interest (attention, router, routed and
-shared experts, norms, LM head) is timed through forward hooks, as are data loading,
+shared experts, norms) is timed through forward hooks (`engine.xputimer.time_modules`), as are data loading,
 backward, the gradient all-reduce, clipping and the optimizer step, and each step ends with
 `step_end` plus the cross-rank aggregation, so "on" pays for everything timing costs.
 
@@ -37,38 +37,11 @@ from engine.moe.model import Attention, MoEModel, RMSNorm, RoutedExperts, SwiGLU
 from engine.moe.router import Router
 from engine.runtime.data import TokenLoader, load_tokens
 from engine.runtime.spec import DatasetSpec
-from engine.xputimer import OpAggregator, OpTimer, StepTimings
+from engine.xputimer import OpAggregator, OpTimer, StepTimings, time_modules
 
 MODES = ("off", "always_on", "sampled")
 TIMED_MODULES = {Attention: "matmul", Router: "compute", RoutedExperts: "matmul",
                  SwiGLU: "matmul", RMSNorm: "compute"}
-
-
-def timed_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
-    found = [(name, m, kind) for name, m in model.named_modules()
-             for cls, kind in TIMED_MODULES.items() if isinstance(m, cls)]
-    found.append(("lm_head", model.lm_head, "matmul"))
-    return found
-
-
-def install_hooks_on(module: torch.nn.Module, name: str, kind: str, timer: OpTimer) -> list:
-    """Time a module's forward: a pre-hook opens the op, the post-hook closes it."""
-    spans: list = []
-
-    def pre(_module, _args):
-        span = timer.op(name, kind=kind)
-        span.__enter__()
-        spans.append(span)
-
-    def post(_module, _args, _out):
-        spans.pop().__exit__(None, None, None)
-
-    return [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-
-
-def install_hooks(model: torch.nn.Module, timer: OpTimer) -> list:
-    return [h for name, module, kind in timed_modules(model)
-            for h in install_hooks_on(module, name, kind, timer)]
 
 
 class Workload:
@@ -121,7 +94,7 @@ def per_op_cost_us(sample_every: int, n: int = 5_000) -> float:
     cannot inflate it): a timed nn.Identity call minus an untimed one."""
     x = torch.zeros(1)
     plain, hooked = torch.nn.Identity(), torch.nn.Identity()
-    install_hooks_on(hooked, "op", "compute", OpTimer(sample_every=sample_every))
+    time_modules(hooked, OpTimer(sample_every=sample_every), {torch.nn.Identity: "compute"})
 
     def best_us(module: torch.nn.Module) -> float:
         best = float("inf")
@@ -162,7 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
     for r in range(args.rounds):
         for mode in MODES[r % 3:] + MODES[:r % 3]:  # rotate who goes first
             timer = timers.get(mode)
-            handles = install_hooks(work.model, timer) if timer is not None else []
+            handles = (time_modules(work.model, timer, TIMED_MODULES) if timer is not None
+                       else [])
             for _ in range(args.block):
                 seconds, cpu_seconds, timings = work.train_step(timer, aggregators.get(mode))
                 times[mode].append(seconds)
