@@ -5,8 +5,9 @@
 The workload is a stand-in for the training loop (engine/runtime/train.py does not wire the
 timers yet): the real MoE model and data loader, AdamW, and a real gloo all-reduce of the
 gradients in a one-rank group. Every module of interest (attention, router, routed and
-shared experts, norms) is timed through forward hooks (`engine.xputimer.time_modules`), as are data loading,
-backward, the gradient all-reduce, clipping and the optimizer step, and each step ends with
+shared experts, norms) is timed through forward hooks (`engine.xputimer.time_modules`), as
+are data loading, backward, the gradient all-reduce, clipping and the optimizer step, and
+each step ends with
 `step_end` plus the cross-rank aggregation, so "on" pays for everything timing costs.
 
 The three modes alternate in blocks of `--block` steps over `--rounds` rounds, so drift and
