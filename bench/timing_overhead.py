@@ -7,8 +7,8 @@ timers yet): the real MoE model and data loader, AdamW, and a real gloo all-redu
 gradients in a one-rank group. Every module of interest (attention, router, routed and
 shared experts, norms) is timed through forward hooks (`engine.xputimer.time_modules`), as
 are data loading, backward, the gradient all-reduce, clipping and the optimizer step, and
-each step ends with
-`step_end` plus the cross-rank aggregation, so "on" pays for everything timing costs.
+each step ends with `step_end` plus the cross-rank aggregation, so "on" pays for everything
+timing costs.
 
 The three modes alternate in blocks of `--block` steps over `--rounds` rounds, so drift and
 machine noise fall on all of them alike. `ratios` compare the median process CPU time per
