@@ -25,8 +25,7 @@ from engine.checkpoint.layout import step_dir_name
 from engine.horing import Topology
 from engine.horing.cost import calibrate
 from engine.moe import MoEModel
-from engine.paro import ShardedDataParallel
-from engine.paro.plan import plan
+from engine.paro import ShardedDataParallel, plan
 from engine.runtime.control import Command, ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.events import EventLog

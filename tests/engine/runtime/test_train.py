@@ -75,17 +75,18 @@ def write_spec(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-def cli(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "engine.train", *args], cwd=REPO, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs,
-    )
+def cli(*args: str, console: Path, **kwargs) -> subprocess.Popen:
+    """The CLI with its console in a file (a pipe nobody reads would fill up and block)."""
+    with console.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "engine.train", *args], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, **kwargs)
 
 
 def test_the_cli_refuses_a_bad_spec_naming_the_fields(tmp_path):
     path = write_spec(tmp_path, {"name": "bad", "train": {"steps": -1, "speed": 3}})
-    proc = cli(str(path))
-    _, err = proc.communicate(timeout=60)
+    proc = cli(str(path), console=tmp_path / "console.log")
+    proc.wait(timeout=60)
+    err = (tmp_path / "console.log").read_text()
     assert proc.returncode == 2
     assert "train.steps: must be at least 1" in err
     assert "train.speed: unknown field" in err
@@ -95,7 +96,8 @@ def test_sigterm_cancels_the_run_and_stops_every_rank(tmp_path):
     data = tiny_spec("cancel", steps=10_000, ranks=2, micro_batch=2)
     events_path = tmp_path / "events.jsonl"
     proc = cli(str(write_spec(tmp_path, data)), "--events", str(events_path),
-               "--run-dir", str(tmp_path / "run"), start_new_session=True)
+               "--run-dir", str(tmp_path / "run"), console=tmp_path / "console.log",
+               start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if events_path.exists() and any(e["type"] == "step" for e in read_events(events_path)):
@@ -107,7 +109,7 @@ def test_sigterm_cancels_the_run_and_stops_every_rank(tmp_path):
 
     stopped_at = time.monotonic()
     os.killpg(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=30)
+    proc.wait(timeout=30)
     assert time.monotonic() - stopped_at < 10
     assert proc.returncode == 128 + signal.SIGTERM
     last = read_events(events_path)[-1]
