@@ -6,7 +6,8 @@
 
 - `grouped_mm`: stable-sort the T*k token slots by expert, run two grouped matmuls whose
   groups are the experts' contiguous row ranges, and sum the k slots of each token back.
-  No Python loop over experts and no host synchronisation.
+  No Python loop over experts; on GPU no host synchronisation. The backward pass is written
+  by hand (`_GroupedExperts`) and on CPU the experts are split across threads (`grouped_mm`).
 - `padded_bmm`: the same sort, then rows scattered into an [E, max count, d] buffer and two
   batched matmuls; one host sync (the max count). For builds without grouped_mm.
 - `loop`: one masked matmul pair per expert. The test oracle.
@@ -66,7 +67,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
         return _grouped_mm(a[:, r0:r1], b[r0:r1], offs=offs)
 
     global _cpu_workers
-    if _cpu_workers is None or _cpu_workers._max_workers < threads:
+    if _cpu_workers is None or len(runs) > _cpu_workers._max_workers:
         _cpu_workers = ThreadPoolExecutor(threads, thread_name_prefix="grouped_mm")
     torch.set_num_threads(1)  # so that each worker's matmuls stay on its own core
     try:
