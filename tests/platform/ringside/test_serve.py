@@ -48,7 +48,7 @@ class Serve:
 
     def get(self, path: str) -> int:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
                 return r.status
         except urllib.error.HTTPError as e:
             return e.code
@@ -57,7 +57,7 @@ class Serve:
         body = json.dumps({"username": "admin", "password": password}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/api/auth/token/",
                                          data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=60) as r:
             return json.load(r)["token"]
 
     def stop(self, sig: signal.Signals, timeout: float = 40) -> list[psutil.Process]:
