@@ -61,7 +61,7 @@ def threads(request):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
 def test_dispatch_equals_loop_in_outputs_and_gradients_fp32(impl, shape, threads):
     *dims, skewed = shape
-    for seed in range(3):
+    for seed in range(2):
         problem = random_problem(seed, *dims, skewed=skewed)
         expected = run("loop", *problem)
         actual = run(impl, *problem)
