@@ -48,3 +48,8 @@ def test_launch_the_tiny_job_watch_its_loss_chart_fill_live_and_cancel_it(
     expect(page.locator("#state")).to_have_text("cancelled", timeout=30_000)
     expect(page.locator("#cancel")).to_be_disabled()
     page.screenshot(path=output_dir / "job-cancelled.png", full_page=True)
+
+    page.click("nav >> text=Jobs")
+    row = page.locator("table.jobs tbody tr", has_text="tiny-e2e")
+    expect(row.locator(".state")).to_have_text("Cancelled")
+    page.screenshot(path=output_dir / "job-list.png", full_page=True)
