@@ -20,9 +20,6 @@ from tests.platform.conftest import (  # noqa: F401 (fixtures)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync"]
-# Playwright's sync API keeps an event loop running in this thread; the test's own database
-# calls (fixtures) are synchronous and safe, as Playwright's docs for Django note.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
 
 
@@ -34,15 +31,23 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Chromium for one test module. Module scope: Playwright's sync API keeps an event loop
+    running in this thread while it is open, which later async tests must not inherit."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        executable = chromium_path()  # else Playwright's own download (`playwright install`)
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    # the tests' own database calls (fixtures) are synchronous and safe, as Playwright's
+    # documentation for Django notes; allowed only while the browser is open
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as p:
+            executable = chromium_path()  # else Playwright's own (`playwright install`)
+            browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
 
 @pytest.fixture
