@@ -1,6 +1,6 @@
 """Overhead of per-op timing on a real training step: off, always-on (L1), sampled (L2).
 
-    .venv/bin/python -m bench.timing_overhead [--preset tiny] [--rounds 6] [--block 5]
+    .venv/bin/python -m bench.timing_overhead [--preset tiny] [--rounds 30] [--block 1]
 
 The workload is a stand-in for the training loop (engine/runtime/train.py does not wire the
 timers yet): the real MoE model and data loader, AdamW, and a real gloo all-reduce of the
@@ -10,10 +10,11 @@ are data loading, backward, the gradient all-reduce, clipping and the optimizer 
 each step ends with `step_end` plus the cross-rank aggregation, so "on" pays for everything
 timing costs.
 
-The three modes alternate in blocks of `--block` steps over `--rounds` rounds, so drift and
-machine noise fall on all of them alike. `ratios` compare the median process CPU time per
-step (one intra-op thread: on a quiet machine it is the step time; on a shared one it is not
-inflated by other tenants' processes), `wall_ratios` the median wall-clock step times. Both
+The three modes alternate step by step (blocks of `--block` steps) over `--rounds` rounds,
+so drift and machine noise fall on all of them alike. `ratios` compare the median process
+CPU time per step (one intra-op thread: on a quiet machine it is the step time; on a shared
+one it is not inflated by other tenants' processes), `wall_ratios` the median wall-clock
+step times. Both
 carry noise of a few percent on a shared machine, so the JSON also gives an estimate
 that noise hardly touches: what timing adds to one hooked module call (best of 5 tight loops)
 times the ops per step, plus the measured median of `step_end` and the aggregation.
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--block", type=int, default=5, help="steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--block", type=int, default=1, help="steps per mode per round")
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
