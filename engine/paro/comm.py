@@ -74,7 +74,10 @@ class Comm:
         if not self._count(tier, _nbytes(out), 1):
             out.copy_(shard)
             return out
-        dist.all_gather_single(out, shard, group=self._group(tier))
+        if dist.get_backend() == "gloo":
+            self._ring_all_gather(tier, shard, out)
+        else:
+            dist.all_gather_single(out, shard, group=self._group(tier))
         return out
 
     def all_reduce(self, tier: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -111,28 +114,47 @@ class Comm:
         engine.horing.all_reduce(tensor, self.topo, self.collective)
         return tensor
 
+    # gloo's reduce_scatter is an all-reduce underneath (twice the bytes on the NIC, measured
+    # by bench/paro.py) and its all-gather runs ~10x below the link rate on large buffers, so
+    # on gloo both are rings of point-to-point sends.
+
     def _ring_reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
-        """gloo's reduce_scatter is an all-reduce underneath (twice the bytes on the NIC,
-        measured by bench/paro.py), so on gloo it is a ring of point-to-point sends: in step
-        s, position i passes its partial sum of chunk i-s-1 on and adds chunk i-s-2."""
+        """Step s: position i passes its partial sum of chunk i-s-1 on and adds chunk i-s-2."""
+        ring, pos = self._ring(tier)
+        n = len(ring)
+        chunks = full.clone().view(n, -1)
+        incoming = torch.empty_like(chunks[0])
+        for step in range(n - 1):
+            self._shift(tier, ring, pos, chunks[(pos - step - 1) % n], incoming)
+            chunks[(pos - step - 2) % n] += incoming
+        return chunks[pos].clone()
+
+    def _ring_all_gather(self, tier: str, shard: torch.Tensor, out: torch.Tensor) -> None:
+        """Step s: position i passes chunk i-s on and receives chunk i-s-1."""
+        ring, pos = self._ring(tier)
+        n = len(ring)
+        chunks = out.view(n, -1)
+        chunks[pos].copy_(shard)
+        for step in range(n - 1):
+            self._shift(tier, ring, pos, chunks[(pos - step) % n], chunks[(pos - step - 1) % n])
+
+    def _ring(self, tier: str) -> tuple[list[int], int]:
         rank = dist.get_rank()
         if tier == "intra":
             ring = self.topo.node_ranks(self.topo.node_of(rank))
         else:
             ring = self.topo.rail_ranks(self.topo.local_rank_of(rank))
-        n, pos = len(ring), ring.index(rank)
-        chunks = full.clone().view(n, -1)
-        incoming = torch.empty_like(chunks[0])
-        for step in range(n - 1):
-            send, recv = (pos - step - 1) % n, (pos - step - 2) % n
-            ops = [
-                dist.P2POp(dist.isend, chunks[send], ring[(pos + 1) % n], self._group(tier)),
-                dist.P2POp(dist.irecv, incoming, ring[(pos - 1) % n], self._group(tier)),
-            ]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-            chunks[recv] += incoming
-        return chunks[pos].clone()
+        return ring, ring.index(rank)
+
+    def _shift(self, tier: str, ring: list[int], pos: int, send: torch.Tensor, recv: torch.Tensor):
+        """Send to the next position and receive from the previous one, concurrently."""
+        group, n = self._group(tier), len(ring)
+        ops = [
+            dist.P2POp(dist.isend, send, ring[(pos + 1) % n], group),
+            dist.P2POp(dist.irecv, recv, ring[(pos - 1) % n], group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
     # ---- counting -----------------------------------------------------------------------
 

@@ -174,6 +174,14 @@ class ShardedDataParallel:
         self._micro_steps = 0
         return norm
 
+    def discard(self) -> None:
+        """Drop the gradients accumulated since the last step() without stepping (the fault
+        policy's skip_update, retry_step, rollback and pause)."""
+        for p in self._params:
+            p.grad = None
+        self._grad.zero_()
+        self._micro_steps = 0
+
     def state_bytes(self) -> dict[str, int]:
         """Bytes this rank holds persistently for parameters, gradients and optimizer states."""
         params = self._full if self.strategy.params == "N" else self._param_shard
