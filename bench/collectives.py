@@ -5,11 +5,12 @@
 Brings up the emulated cluster (bench.cluster; one shaped NIC per local rank), runs one
 gloo rank per (node, local rank) in its namespace, calibrates the cost model's links with
 short probes, then times every algorithm for all-reduce, reduce-scatter and all-gather of
-fp32 buffers at each size (median of --repeats after a warm-up; a collective's time is its
-slowest rank's). Prints one JSON document: the settings, the calibrated links, one row per
-(collective, size, algorithm) with algorithm and bus bandwidth, the ratios to `ring` and to
-`native`, the cost model's prediction and error, and the alpha-beta lower bound of the
-emulated links (nominal NIC rate), and a top-level `ratios` object:
+fp32 buffers at each size (median of --repeats rounds after a warm-up round, the algorithms
+taking turns within each round; a collective's time is its slowest rank's). Prints one JSON
+document: the settings, the calibrated links, one row per (collective, size, algorithm) with
+algorithm and bus bandwidth, the ratios to `ring` and to `native`, the cost model's
+prediction and error, and the alpha-beta lower bound of the emulated links (nominal NIC
+rate), and a top-level `ratios` object:
 
     horing_vs_ring_32mb    ring time / horing time, 32 MB all-reduce
     horing_vs_hier_32mb    hier time / horing time, 32 MB all-reduce
@@ -58,16 +59,27 @@ def _collective(op: str, algo: str, numel: int, topo: Topology):
     return lambda: all_gather(full, shard, topo, algo=algo)
 
 
-def _time(fn, topo: Topology, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(elapsed.item())
-    return statistics.median(samples[1:])
+def _seconds(fn) -> float:
+    """One run of `fn`, timed as the slowest rank saw it."""
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def _time_side_by_side(op: str, numel: int, topo: Topology, repeats: int) -> dict[str, float]:
+    """Median seconds per algorithm; the algorithms take turns within every round, so a burst
+    of other work on the host slows all of them alike instead of one algorithm's block."""
+    runs = {algo: _collective(op, algo, numel, topo) for algo in ALGOS}
+    samples: dict[str, list[float]] = {algo: [] for algo in ALGOS}
+    for round_ in range(repeats + 1):  # round 0 warms up connections and buffers
+        for algo, fn in runs.items():
+            seconds = _seconds(fn)
+            if round_:
+                samples[algo].append(seconds)
+    return {algo: statistics.median(times) for algo, times in samples.items()}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -81,8 +93,7 @@ def worker(args: argparse.Namespace) -> None:
     for size_mb in args.sizes_mb:
         numel = int(size_mb * MB) // 4
         for op in COLLECTIVES:
-            for algo in ALGOS:
-                seconds = _time(_collective(op, algo, numel, topo), topo, args.repeats)
+            for algo, seconds in _time_side_by_side(op, numel, topo, args.repeats).items():
                 rows.append({"op": op, "size_mb": size_mb, "algo": algo, "seconds": seconds})
     if dist.get_rank() == 0:
         Path(args.result).write_text(json.dumps({"links": _links_json(links), "rows": rows}))
@@ -170,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1 MB collectives take a few ms, where the host's scheduling noise is as large as the
     # whole prediction; their errors are reported per row and in cost_model_max_error_all
     parser.add_argument("--error-sizes-mb", type=float, nargs="+", default=[8, 32, 128])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)

@@ -21,6 +21,7 @@ reductions and copies the ranks do on their cores. The PaRO planner uses `predic
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -125,7 +126,7 @@ def lower_bound(op: str, nbytes: int, topo: Topology, inter: Tier) -> float:
 def calibrate(
     topo: Topology,
     small_bytes: int = 4 << 10,
-    large_bytes: int = 8 << 20,
+    large_bytes: int = 16 << 20,
     repeats: int = 5,
     dtype: torch.dtype = torch.float32,
 ) -> Links:
@@ -160,9 +161,11 @@ def _probe(
             _ring_reduce_scatter(flat, pieces, ring, group)
             _ring_all_gather(flat, pieces, ring, group)
             samples.append(time.perf_counter() - start)
-        # the fastest round is the one least disturbed by other work on the host; the
-        # slowest rank of that round sets the pace of a collective
-        elapsed = torch.tensor([min(samples[1:])], dtype=torch.float64)
+        # latency from the small probe's fastest round (noise only ever adds to it),
+        # bandwidth from the large probe's typical round, as a collective will see it; the
+        # slowest rank sets the pace of a collective
+        pick = min if nbytes == small else statistics.median
+        elapsed = torch.tensor([pick(samples[1:])], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=topo.global_group)
         step_times.append((elapsed.item() / (2 * (size - 1)), flat.numel() * itemsize / size))
     (t_small, b_small), (t_large, b_large) = step_times
