@@ -40,7 +40,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
     The CPU kernel runs one `mm` per group in turn; at the shapes of fine-grained experts
     (a few hundred rows) a single matmul does not keep two threads busy. So on CPU the
     experts are cut into one contiguous run per thread, of about equal rows, and each run is a
-    single-threaded grouped_mm on its own worker. Two forms, as in the kernel: a [rows, K] with
+    single-threaded grouped_mm on its own thread. Two forms, as in the kernel: a [rows, K] with
     b [E, K, N] gives [rows, N]; a [M, rows] with b [rows, N] gives [E, M, N].
     """
     threads = torch.get_num_threads()
@@ -71,7 +71,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
         _cpu_workers = ThreadPoolExecutor(threads, thread_name_prefix="grouped_mm")
     torch.set_num_threads(1)  # so that each worker's matmuls stay on its own core
     try:
-        parts = [f.result() for f in [_cpu_workers.submit(run_part, *r) for r in runs]]
+        # this thread takes the first run itself: one hand-off fewer per call
+        others = [_cpu_workers.submit(run_part, *r) for r in runs[1:]]
+        parts = [run_part(*runs[0])] + [f.result() for f in others]
     finally:
         torch.set_num_threads(threads)
     return torch.cat(parts, dim=0)
