@@ -422,6 +422,16 @@ def _split(start: int, stop: int, parts: int) -> list[Range]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
+def _pipeline_split(start: int, stop: int, count: int) -> list[Range]:
+    """`count` near-equal pieces of [start, stop), the first and the last cut again into
+    quarters: the pipeline fills and drains on a quarter piece, so the intra reduce-scatter
+    before the first transfer and the intra all-gather after the last one stay short."""
+    pieces = _split(start, stop, count)
+    if count < 3:
+        return pieces
+    return _split(*pieces[0], 4) + pieces[1:-1] + _split(*pieces[-1], 4)
+
+
 def _chunk_count(algo: str, nbytes: int, smallest_piece: int, chunk_bytes: int) -> int:
     if algo != "horing":
         return 1
@@ -449,7 +459,7 @@ def _all_reduce(flat: torch.Tensor, topo: Topology, algo: str, op: str, chunk_by
     count = _chunk_count(
         algo, flat.numel() * flat.element_size(), flat.numel() // world, chunk_bytes
     )
-    chunks = [_split(a, b, world) for a, b in _split(0, flat.numel(), count)]
+    chunks = [_split(a, b, world) for a, b in _pipeline_split(0, flat.numel(), count)]
     if algo == "ring":
         _flat_ring(flat, topo, chunks[0], block_of, ("rs", "ag"), scale, space)
         return
@@ -480,7 +490,7 @@ def _flat_ring(
 
 def _block_chunks(shard: int, world: int, count: int) -> list[list[Range]]:
     """Chunk i of a buffer of `world` blocks of `shard` elements: sub-range i of every block."""
-    subs = _split(0, shard, count)
+    subs = _pipeline_split(0, shard, count)
     return [[(b * shard + a, b * shard + z) for b in range(world)] for a, z in subs]
 
 

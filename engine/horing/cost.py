@@ -8,9 +8,10 @@ g ranks (N = R*g) and S bytes:
             reduce-scatter and all-gather (N-1) steps
     hier    stages in sequence: intra RS (g-1 steps of S/g), inter RS then AG on every rail
             at once (R-1 steps of S/(gR) each), intra AG (g-1 steps of S/g)
-    horing  the same stages on c chunks of S/c in a pipeline: the time of one chunk through
-            all stages, then (c-1) x the transfer time per chunk of the busiest tier (the
-            stages on one tier share its links; their latencies overlap other transfers)
+    horing  the same stages on pieces of S in a pipeline (c pieces of S/c, the first and
+            last cut into quarters): the time of the first piece through all stages, then
+            for each further piece the transfer time of the busiest tier (the stages on one
+            tier share its links; their latencies overlap other transfers)
     native  torch.distributed's own, modelled as gloo runs it: a flat ring, whose
             reduce-scatter costs as much as an all-reduce
 
@@ -32,6 +33,7 @@ from engine.horing.collectives import (
     ALGOS,
     DEFAULT_CHUNK_BYTES,
     _chunk_count,
+    _pipeline_split,
     _ring_all_gather,
     _ring_reduce_scatter,
     _split,
@@ -97,18 +99,22 @@ def predict(
         # gloo's reduce-scatter reduces the whole buffer everywhere: an all-reduce's cost
         halves = 1 if op == "all_gather" or (algo == "ring" and op == "reduce_scatter") else 2
         return halves * (n - 1) * tier.step(nbytes / n)
-    chunks = _chunk_count(algo, nbytes, nbytes, chunk_bytes)
-    stages = _stages(op, nbytes / chunks, topo, links)
-    if not stages:
+    count = _chunk_count(algo, nbytes, nbytes, chunk_bytes)
+    pieces = [b - a for a, b in _pipeline_split(0, nbytes, count)]
+    first = _stages(op, pieces[0], topo, links)
+    if not first:
         return 0.0
-    one_chunk = sum(steps * tier.step(size) for tier, steps, size in stages)
+    one_piece = sum(steps * tier.step(size) for tier, steps, size in first)
     # in the pipeline the stages on one tier share its links, while their per-step latencies
-    # overlap with other stages' transfers: after the first chunk, each further chunk costs
+    # overlap with other stages' transfers: after the first piece, each further piece costs
     # the busiest tier's transfer time
-    busy = {}
-    for tier, steps, size in stages:
-        busy[id(tier)] = busy.get(id(tier), 0.0) + steps * size / tier.bandwidth
-    return one_chunk + (chunks - 1) * max(busy.values())
+    later = 0.0
+    for piece in pieces[1:]:
+        busy: dict[int, float] = {}
+        for tier, steps, size in _stages(op, piece, topo, links):
+            busy[id(tier)] = busy.get(id(tier), 0.0) + steps * size / tier.bandwidth
+        later += max(busy.values())
+    return one_piece + later
 
 
 def lower_bound(op: str, nbytes: int, topo: Topology, inter: Tier) -> float:
