@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from tests.platform.conftest import (  # noqa: F401 (fixtures)
     _platform_settings,
@@ -46,6 +47,9 @@ def browser():
             browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
             yield browser
             browser.close()
+            # connections opened while Playwright's loop ran are context-local: close them
+            # here, or the test database cannot be dropped at the end of the session
+            connections.close_all()
     finally:
         del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 

@@ -2,7 +2,7 @@
 
 import pytest
 import redis
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from jobs.models import Job
@@ -37,7 +37,7 @@ async def test_anonymous_clients_are_refused(job):
 async def test_only_the_owner_may_watch_a_job(job, other_user):
     connected, code = await communicator(job, user=other_user).connect()
     assert (connected, code) == (False, 4404)
-    stranger_token = await sync_to_async(Token.objects.create)(user=other_user)
+    stranger_token = await database_sync_to_async(Token.objects.create)(user=other_user)
     connected, code = await communicator(job, f"?token={stranger_token.key}").connect()
     assert (connected, code) == (False, 4404)
     connected, code = await communicator(job, "?token=" + "f" * 40).connect()
@@ -46,10 +46,10 @@ async def test_only_the_owner_may_watch_a_job(job, other_user):
 
 async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, user,
                                                                         platform_redis_url):
-    await sync_to_async(store_events)(job.pk, [
+    await database_sync_to_async(store_events)(job.pk, [
         {"type": "step", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 1, "loss": 5.5,
          "tokens_per_s": 900.0}])
-    token = await sync_to_async(Token.objects.create)(user=user)
+    token = await database_sync_to_async(Token.objects.create)(user=user)
     comm = communicator(job, f"?token={token.key}")
     connected, _ = await comm.connect()
     assert connected
@@ -70,7 +70,7 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
             pass
         client.close()
 
-    await sync_to_async(publish_and_ingest)()
+    await database_sync_to_async(publish_and_ingest)()
     live = [await comm.receive_json_from(timeout=5) for _ in range(3)]
     assert [(m["type"], m["seq"], m["step"]) for m in live] == [
         ("step", 2, 2), ("step", 3, 3), ("step", 4, 4)]
@@ -80,7 +80,7 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
 
 
 async def test_staff_may_watch_any_job_with_their_session(job, django_user_model):
-    staff = await sync_to_async(django_user_model.objects.create_user)(
+    staff = await database_sync_to_async(django_user_model.objects.create_user)(
         "root", password="pw", is_staff=True)
     comm = communicator(job, user=staff)
     connected, _ = await comm.connect()
@@ -90,7 +90,7 @@ async def test_staff_may_watch_any_job_with_their_session(job, django_user_model
 
 
 async def test_a_client_reconnecting_after_a_seq_gets_exactly_what_it_missed(job, user):
-    await sync_to_async(store_events)(job.pk, [
+    await database_sync_to_async(store_events)(job.pk, [
         {"type": "step", "job": str(job.pk), "step": s, "time": 1.0, "seq": s, "loss": 6.0 - s}
         for s in (1, 2, 3)])
     comm = communicator(job, "?after=1", user=user)
