@@ -2,7 +2,8 @@
 
 Same shapes, same weights (copied), outputs and gradients checked equal before timing.
 CPU, fp32, 2 threads; the implementations are timed round-robin (one call of each per
-round) so that a change in machine load hits them alike; median over the rounds.
+round) so that a change in machine load hits them alike; median over the rounds
+(minimum listed too).
 Also reports our layer's achieved GFLOP/s as a fraction of one dense `torch.mm` with the
 same FLOPs. Prints one JSON document.
 
@@ -89,14 +90,15 @@ def layer_flops(shape) -> float:
     return 3.0 * forward  # backward is twice the forward
 
 
-def time_round_robin(fns: dict, rounds: int) -> dict[str, float]:
+def time_round_robin(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Milliseconds per call, one call of each function per round."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def bench_shape(shape, rounds: int) -> dict:
@@ -124,7 +126,8 @@ def bench_shape(shape, rounds: int) -> dict:
     fns["dense_mm"] = lambda: torch.mm(a, b)
     for fn in fns.values():  # warm-up
         fn()
-    ms = time_round_robin(fns, rounds)
+    times = time_round_robin(fns, rounds)
+    ms = {name: statistics.median(t) for name, t in times.items()}
     ours_gflops = flops / ms["ours"] / 1e6
     dense_gflops = 2 * tokens * d * dense_n / ms["dense_mm"] / 1e6
     hf_best = min(ms[f"hf_{impl}"] for impl in HF_IMPLS)
@@ -132,6 +135,7 @@ def bench_shape(shape, rounds: int) -> dict:
         "shape": dict(zip(["hidden", "experts", "top_k", "expert_ffn", "groups", "kept_groups",
                            "tokens"], shape[1:], strict=True)),
         "ms": {k: round(v, 2) for k, v in ms.items()},
+        "ms_min": {k: round(min(t), 2) for k, t in times.items()},
         "max_abs_diff_vs_ours": max_diff,
         "ours_gflops": round(ours_gflops, 1),
         "dense_mm_gflops": round(dense_gflops, 1),
