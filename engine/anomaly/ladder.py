@@ -116,7 +116,10 @@ class ResponseLadder:
             while rung < len(ladder) and self._capped(ladder[rung], step, now):
                 reason = f"{ladder[rung]} capped"
                 rung += 1
-            action = ladder[rung] if rung < len(ladder) else "pause"
+            if rung < len(ladder):
+                action = ladder[rung]
+            else:  # past the top a person is paged, unless the ladder only ever watches
+                action = "observe" if ladder[-1] == "observe" else "pause"
             self.rung[kind] = min(rung, len(ladder) - 1)
             self.last_step[kind] = step
             self._use(action, step, now)

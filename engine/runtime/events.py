@@ -46,9 +46,12 @@ class EventLog:
         self._file = None
         self._redis = None
         last = 0
+        self.last_step = 0  # of the newest event, so a restarted engine can speak of it
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            last = _last_seq_in_file(path)
+            events = read_events(path) if path.exists() else []
+            if events:
+                last, self.last_step = int(events[-1]["seq"]), int(events[-1]["step"])
             self._file = path.open("a", encoding="utf-8")
         if bus_url:
             import redis
@@ -63,6 +66,7 @@ class EventLog:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}; valid: {', '.join(EVENT_TYPES)}")
         self.seq += 1
+        self.last_step = step
         event = _jsonable(
             {"type": type, "job": self.job, "step": step, "time": time.time(), "seq": self.seq,
              **fields}
@@ -82,19 +86,6 @@ class EventLog:
         if self._redis is not None:
             self._redis.close()
             self._redis = None
-
-
-def _last_seq_in_file(path: Path) -> int:
-    if not path.exists():
-        return 0
-    last = 0
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                last = max(last, int(json.loads(line).get("seq", 0)))
-            except (ValueError, AttributeError):
-                continue  # a torn last line after a crash
-    return last
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

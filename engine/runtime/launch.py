@@ -82,6 +82,15 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     if rank == 0:
         events = EventLog(target.job, target.events_path, target.bus_url)
         control = ControlChannel(target.job, target.run_dir, target.bus_url)
+        if restarted and not list((target.run_dir / "faults").glob("hang-*.json")):
+            # a rank died (a hang leaves its own report): say so before resuming
+            restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+            events.emit("anomaly", events.last_step, kind="crash", severity="error", rank=None,
+                        evidence={"restart": restarts,
+                                  "max_restarts": spec.faults.policy.max_restarts})
+            events.emit("action", events.last_step, action="restart", anomaly="crash",
+                        by="policy", reason=f"restart {restarts} of at most "
+                                            f"{spec.faults.policy.max_restarts}")
     try:
         trainer = Trainer(spec, target.run_dir, events, resume_sources(spec, target, restarted),
                           control)

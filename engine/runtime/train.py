@@ -9,6 +9,7 @@ ranks are taken from all-reduced values only, so every rank acts at the same ste
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -20,16 +21,26 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from engine.anomaly import Anomaly, Decision, FaultInjector, FaultManager
 from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_checkpoints, restore
 from engine.checkpoint.layout import step_dir_name
 from engine.horing import Topology
 from engine.horing.cost import calibrate
 from engine.moe import MoEModel
+from engine.moe.model import Attention, ModelOutput, RMSNorm, RoutedExperts, SwiGLU
+from engine.moe.router import Router
 from engine.paro import ShardedDataParallel, plan
 from engine.runtime.control import Command, ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.events import EventLog
 from engine.runtime.spec import JobSpec, SpecError, TrainSpec, parse_spec
+from engine.xputimer import HangWatchdog, OpAggregator, OpTimer, time_modules
+
+EXIT_HANG = 87  # a rank's watchdog ended it; the launcher restarts the ranks
+
+# the model's parts timed on every forward (XPUTimer's op classes)
+TIMED_MODULES = {Attention: "matmul", Router: "compute", RoutedExperts: "matmul",
+                 SwiGLU: "matmul", RMSNorm: "compute"}
 
 
 def lr_at(step: int, train: TrainSpec) -> float:
@@ -76,7 +87,17 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+            is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
+        )
+        # The launcher's store outlives a restart of the ranks: each incarnation gets its own
+        # key space, or a restarted rank may read the address of a rank that has died.
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                store=dist.PrefixStore(f"ringside/{restart}", store),
+                                rank=rank, world_size=world)
     return dist.get_rank(), dist.get_world_size(), dev
 
 
@@ -174,6 +195,19 @@ class Trainer:
             meta={"strategy": self.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
                   "name": spec.name},
         )
+        # timing and fault handling: every rank times its own ops and runs the detectors;
+        # aggregation and decisions are collective, so all ranks act alike
+        self.timer = OpTimer(self.rank, backend=self.device.type)
+        time_modules(self.model, self.timer, TIMED_MODULES)
+        self.aggregator = OpAggregator()
+        self.faults = FaultManager(spec.faults.policy, self.rank)
+        self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
+        self.model.register_forward_hook(self._inject_loss_faults)
+        self.watchdog = HangWatchdog(self.timer, spec.faults.policy.hang_timeout_s,
+                                     run_dir / "hangs", on_hang=self._on_hang).start()
+        self._signals: dict = {}  # the previous step's throughput, memory, ops and experts
+        if (run_dir / "faults").is_dir():
+            self._publish_hang_reports()
         self.step = 0
         self.tokens = 0
         self._process = psutil.Process()
@@ -187,6 +221,7 @@ class Trainer:
             "step": self.step,
             "tokens": self.tokens,
             "adam_step": self.dp.adam_step,
+            "faults": self.faults.state_dict(),
             "loader": self.loader.state_dict(),
             "rng": torch.get_rng_state(),
             # replicated buffers (the MoE expert bias) travel whole
@@ -212,8 +247,9 @@ class Trainer:
         self.ckpt.wait()
         dist.barrier()
 
-    def _load(self, reader: CheckpointReader) -> None:
-        """Take the whole training state from an open checkpoint (any layout)."""
+    def _load(self, reader: CheckpointReader, live: bool = False) -> None:
+        """Take the whole training state from an open checkpoint (any layout); `live` for a
+        rollback inside the running job, whose ladder keeps what it just did."""
         self.dp.load_sharded_state(reader.read)
         extras = reader.extras(0)  # the extras hold only facts every rank shares
         self.step, self.tokens = extras["step"], extras["tokens"]
@@ -221,6 +257,7 @@ class Trainer:
         self.loader.load_state_dict(extras["loader"])
         torch.set_rng_state(extras["rng"])
         self.model.load_state_dict(extras["buffers"], strict=False)
+        self.faults.load_state_dict(extras["faults"], ladder=not live)
 
     def resume(self, sources: list[Path]) -> None:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
@@ -245,22 +282,123 @@ class Trainer:
         if self.events is not None:
             self.events.emit(type, self.step, **fields)
 
+    # -- faults -------------------------------------------------------------------------
+    def _inject_loss_faults(self, module: torch.nn.Module, args: tuple, output: ModelOutput):
+        """Forward hook: an injected loss spike or NaN shows in the loss that is trained on
+        and in the one reported."""
+        if not module.training:
+            return output
+        loss = self.injector.corrupt_loss(self.step, output.loss)
+        if loss is output.loss:
+            return output
+        factor = (loss / output.loss).detach()
+        return dataclasses.replace(output, loss=loss, ce_loss=output.ce_loss * factor)
+
+    def _on_hang(self, anomaly: Anomaly) -> None:
+        """The watchdog's thread: the training thread is stuck, so nothing collective can run.
+        Leave a report for rank 0 to publish, then end this rank: the launcher restarts all
+        of them from the newest checkpoint."""
+        if anomaly.evidence.get("op_kind") == "collective":
+            # Waiting in a collective, this rank is more likely the victim of a hang than its
+            # cause: give the stuck rank's own watchdog time to fire first (its exit makes
+            # the launcher stop every rank, this one included).
+            time.sleep(self.spec.faults.policy.hang_timeout_s)
+        reports = self.run_dir / "faults"
+        reports.mkdir(parents=True, exist_ok=True)
+        report = reports / f"hang-rank{self.rank}-step{anomaly.step}.json"
+        report.write_text(json.dumps({"step": anomaly.step, **anomaly.event_fields()},
+                                     default=str))
+        self._publish_hang_reports()
+        os._exit(EXIT_HANG)
+
+    def _publish_hang_reports(self) -> None:
+        """Rank 0 publishes every hang report not yet published (its own at once; another
+        rank's after the restart), each with the restart it caused."""
+        if self.events is None:
+            return
+        for report in sorted((self.run_dir / "faults").glob("hang-*.json")):
+            anomaly = json.loads(report.read_text())
+            self.events.emit("anomaly", anomaly["step"], **{k: v for k, v in anomaly.items()
+                                                            if k != "step"})
+            self.events.emit("action", anomaly["step"], action="restart", anomaly="hang",
+                             by="policy", rank=anomaly.get("rank"),
+                             reason="the op in flight exceeded hang_timeout_s")
+            report.rename(report.with_suffix(".published"))
+
+    def _respond(self, local_loss: float) -> Decision | None:
+        """Run the detectors (collective), publish what they found, return the decision to
+        carry out (the strongest), if any."""
+        # each completed step's signals are judged once; a discarded step leaves none
+        prev, self._signals = self._signals, {}
+        anomalies, decisions = self.faults.step(
+            self.step, loss=local_loss, grad_norm=prev.get("grad_norm"),
+            tokens_per_s=prev.get("tokens_per_s"), memory_bytes=prev.get("rss"),
+            aggregate=prev.get("ops"), experts=prev.get("experts"),
+        )
+        for anomaly in anomalies:
+            self._emit("anomaly", **anomaly.event_fields())
+        for decision in decisions:
+            self._emit("action", **decision.event_fields())
+        return decisions[0] if decisions else None
+
     # -- one optimizer step -------------------------------------------------------------
-    def train_step(self) -> StepMetrics:
+    def train_step(self) -> StepMetrics | None:
+        """One optimizer step, or None when the fault policy discarded it."""
         t = self.spec.train
         started = time.perf_counter()
         self.step += 1
+        self.injector.crash_point(self.step)
         self.model.set_step(self.step)
         self.model.reset_routing_counts()
+        position = self.loader.position
         ce_sum = torch.zeros((), device=self.device)
         for _ in range(t.grad_accum):
-            input_ids, labels = self.loader.next_batch()
-            output = self.dp.forward_backward(input_ids.to(self.device), labels.to(self.device))
+            with self.timer.op("data", kind="data"):
+                input_ids, labels = self.loader.next_batch()
+            with self.timer.op("forward_backward", kind="compute"), \
+                    self.injector.slowdown(self.step):
+                output = self.dp.forward_backward(input_ids.to(self.device),
+                                                  labels.to(self.device))
+                self.injector.hang_point(self.step)
             ce_sum += output.ce_loss.detach()
-        lr = lr_at(self.step, t)
-        grad_norm = self.dp.step(lr, t.grad_clip)
 
-        # one all-reduce carries the loss and the routing counts of every MoE layer
+        # the first collective after the forward-backward: where faster ranks wait for a
+        # straggler, so it is timed as a collective (untimed waits would look like compute)
+        with self.timer.op("fault_agreement", kind="collective", nbytes=16, group="global",
+                           collective="all_reduce", group_size=self.world_size):
+            decision = self._respond(float(ce_sum) / t.grad_accum)
+        lr = lr_at(self.step, t)
+        action = decision.action if decision is not None else "observe"
+        if action in ("skip_update", "retry_step", "rollback", "pause", "restart"):
+            self.dp.discard()
+            self.timer.step_end(self.step)
+            if action in ("skip_update", "retry_step"):  # the step number is trained again
+                self.step -= 1
+                if action == "retry_step":  # on the same data
+                    self.loader.position = position
+            elif action == "rollback":
+                try:
+                    done = self.rollback(self.step - 1, None, skip_data=True)
+                    self._emit("log", level="warning",
+                               message=f"rolled back to {done['checkpoint']}")
+                except CommandRefused as e:  # nothing to go back to yet: the update is skipped
+                    self.step -= 1
+                    self._emit("log", level="warning", message=f"{e}; skipped the update")
+            elif action == "pause":
+                self._outcome = Outcome("pause", self.step - 1)
+                self.step -= 1
+                self.save_checkpoint()
+                self.persist()
+            elif action == "restart":
+                raise RestartRequested(f"step {self.step}: {decision.reason or decision.anomaly}")
+            return None
+        if action == "lr_cut":
+            lr *= float(decision.params.get("lr_factor", 0.1))
+        with self.timer.op("optimizer", kind="compute"):
+            grad_norm = self.dp.step(lr, t.grad_clip)
+        if action == "checkpoint":
+            self.save_checkpoint()
+
         # One all-reduce carries the loss, the routing counts of every MoE layer and the
         # number of commands rank 0 has read (the others add 0), so steering costs no
         # collective of its own until a command actually arrives.
@@ -272,13 +410,17 @@ class Trainer:
             torch.tensor([float(len(self._pending))], device=self.device),
             counts.reshape(-1),
         ]).float()
-        dist.all_reduce(packed)
+        with self.timer.op("metrics_all_reduce", kind="collective", group="global",
+                           nbytes=packed.numel() * packed.element_size(),
+                           collective="all_reduce", group_size=self.world_size):
+            dist.all_reduce(packed)
         loss = float(packed[0]) / self.world_size
         self._commands_due = int(packed[1])
         counts = packed[2:].view_as(counts)
         self.model.update_expert_bias(counts)
-        rss = torch.tensor([self._process.memory_info().rss], dtype=torch.float64)
-        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+        rss = self._process.memory_info().rss
+        peak_rss = torch.tensor([rss], dtype=torch.float64)
+        dist.all_reduce(peak_rss, op=dist.ReduceOp.MAX)
 
         step_tokens = t.micro_batch * t.seq_len * t.grad_accum * self.world_size
         self.tokens += step_tokens
@@ -286,13 +428,20 @@ class Trainer:
         metrics = StepMetrics(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr,
             tokens_per_s=step_tokens / step_time, step_time=step_time, tokens=self.tokens,
-            rss_bytes=int(rss.item()),
+            rss_bytes=int(peak_rss.item()),
         )
         if t.eval_every and (self.step % t.eval_every == 0 or self.step == t.steps):
             metrics.eval_loss = self.evaluate()
+        ops = self.aggregator.aggregate(self.timer.step_end(self.step))
+        experts = self.model.expert_stats(counts)
+        self._signals = {
+            "grad_norm": grad_norm, "tokens_per_s": metrics.tokens_per_s, "rss": rss,
+            "ops": ops, "experts": {str(i): layer for i, layer in enumerate(experts)},
+        }
         self._emit("step", **metrics.event_fields(), state_bytes=self.dp.state_bytes(),
                    comm=self.dp.comm_stats())
-        self._emit("experts", layers=self.model.expert_stats(counts))
+        self._emit("experts", layers=experts)
+        self._emit("ops", **{k: v for k, v in ops.items() if k != "step"})
         tier = self.ckpt.due(self.step)
         if tier is not None:
             self.save_checkpoint(to_disk=tier == "disk")
@@ -379,7 +528,7 @@ class Trainer:
         target = max(chosen, key=lambda c: c.step)
         from_step, position = self.step, self.loader.position
         with CheckpointReader(target) as reader:
-            self._load(reader)
+            self._load(reader, live=True)
         if skip_data:
             self.loader.position = position
         self.ckpt.forget_after(self.step)
@@ -391,8 +540,14 @@ class Trainer:
                    device=str(self.device), strategy=self.strategy,
                    params=sum(p.numel() for p in self.model.parameters()))
         bar = ProgressBar(self.spec.train.steps) if self.rank == 0 else None
+        self._outcome: Outcome | None = None
         while self.step < self.spec.train.steps:
             metrics = self.train_step()
+            if self._outcome is not None:  # the fault policy paused the job for a person
+                self._finish()
+                return self._outcome
+            if metrics is None:
+                continue
             if bar is not None:
                 bar.update(metrics)
             for command in self._receive_commands():
@@ -403,12 +558,21 @@ class Trainer:
                                kind=command.kind, error=str(e))
                     continue
                 if outcome is not None:
-                    self.ckpt.close()
+                    self._finish()
                     return outcome
         if self.ckpt.due(self.step) != "disk":
             self.save_checkpoint()  # a finished run always leaves its final state on disk
-        self.ckpt.close(drop_memory_tier=True)
+        self._finish(drop_memory_tier=True)
         return Outcome("completed", self.step)
+
+    def _finish(self, drop_memory_tier: bool = False) -> None:
+        self.watchdog.stop()
+        self.ckpt.close(drop_memory_tier=drop_memory_tier)
+
+
+class RestartRequested(RuntimeError):
+    """The fault policy restarts the ranks: this rank exits, the launcher restarts them all
+    and they resume from the newest checkpoint."""
 
 
 class CommandRefused(ValueError):

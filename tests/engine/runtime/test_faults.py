@@ -1,0 +1,89 @@
+"""Faults injected into real multi-rank runs are caught in the step they happen, answered by
+the policy, and the run goes on: spikes and NaNs skip the update, a slow rank is named, a
+hung or crashed rank is restarted and the run resumes from its newest checkpoint."""
+
+from pathlib import Path
+
+from engine.runtime.events import read_events
+from engine.runtime.launch import RunTarget, launch
+from engine.runtime.spec import parse_spec
+
+
+def nano(name: str, nodes: int, procs: int, steps: int, inject: list[dict], **policy) -> dict:
+    return {
+        "name": name,
+        "model": {"preset": "nano"},
+        "parallel": {"nodes": nodes, "procs_per_node": procs, "strategy": "NNN"},
+        "train": {"steps": steps, "micro_batch": 2, "seq_len": 64, "eval_every": 0,
+                  "warmup": 5, "threads": 1},
+        "checkpoint": {"every": 5},
+        "faults": {"inject": inject, "policy": policy},
+    }
+
+
+def run(tmp_path: Path, data: dict) -> list[dict]:
+    spec = parse_spec(data)
+    target = RunTarget(run_dir=tmp_path / spec.name, events_path=tmp_path / "events.jsonl",
+                       job=spec.name)
+    assert launch(spec, target) == 0
+    return read_events(target.events_path)
+
+
+def of_type(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["type"] == kind]
+
+
+def test_spike_nan_and_slow_rank_on_a_2x2_run(tmp_path):
+    events = run(tmp_path, nano("faults", 2, 2, 45, [
+        {"kind": "loss_spike", "step": 12, "rank": 1, "factor": 10.0},
+        {"kind": "nan", "step": 18, "rank": 2},
+        {"kind": "slow_rank", "step": 24, "rank": 3, "factor": 6.0},
+    ], actions={"straggler": ["observe"]}))  # the slow rank stays slow: keep watching it
+    anomalies = {(a["kind"], a["step"]): a for a in of_type(events, "anomaly")}
+    assert anomalies[("loss_spike", 12)]["rank"] == 1
+    assert anomalies[("nan", 18)]["rank"] == 2
+    stragglers = [a for a in of_type(events, "anomaly") if a["kind"] == "straggler"]
+    assert stragglers and stragglers[0]["rank"] == 3 and 24 <= stragglers[0]["step"] <= 34
+
+    actions = {(a["anomaly"], a["step"]): a["action"] for a in of_type(events, "action")}
+    assert actions[("loss_spike", 12)] == "skip_update"
+    assert actions[("nan", 18)] == "skip_update"
+
+    # the ops event names the slowed rank as the slowest in the slowed op
+    late_ops = [e for e in of_type(events, "ops") if e["step"] >= 30]
+    assert all(e["ops"]["forward_backward"]["slowest_rank"] == 3 for e in late_ops)
+    assert {"attention", "data", "optimizer"} <= {n.split(".")[-1] for n in late_ops[0]["ops"]} \
+        or "forward_backward" in late_ops[0]["ops"]
+
+    # every step trained once, and the loss is finite again after the faults
+    steps = of_type(events, "step")
+    assert sorted({s["step"] for s in steps}) == list(range(1, 46))
+    assert all(isinstance(s["loss"], float) for s in steps[-10:])
+    assert of_type(events, "state")[-1]["state"] == "completed"
+
+
+def test_a_crashed_rank_is_restarted_and_the_run_resumes(tmp_path):
+    events = run(tmp_path, nano("crash", 1, 2, 25, [{"kind": "crash", "step": 12, "rank": 1}]))
+    crash = [a for a in of_type(events, "anomaly") if a["kind"] == "crash"]
+    assert len(crash) == 1
+    assert any(a["action"] == "restart" and a["anomaly"] == "crash"
+               for a in of_type(events, "action"))
+    # from the newest checkpoint every rank had finished writing when rank 1 died (the
+    # step-10 save may still have been in flight on it: then the loader falls back to 5)
+    (resumed,) = [e for e in of_type(events, "log") if e["message"].startswith("resumed")]
+    assert resumed["step"] in (5, 10)
+    # steps 11.. after the restart replace the ones trained before the crash
+    assert sorted({s["step"] for s in of_type(events, "step")}) == list(range(1, 26))
+    assert of_type(events, "state")[-1]["state"] == "completed"
+
+
+def test_a_hung_rank_is_named_and_restarted(tmp_path):
+    events = run(tmp_path, nano("hang", 1, 2, 20, [{"kind": "hang", "step": 8, "rank": 1}],
+                               hang_timeout_s=3.0))
+    (hang,) = [a for a in of_type(events, "anomaly") if a["kind"] == "hang"]
+    assert hang["rank"] == 1 and hang["evidence"]["op"] == "forward_backward"
+    assert any(a["action"] == "restart" and a["anomaly"] == "hang"
+               for a in of_type(events, "action"))
+    assert list((tmp_path / "hang" / "hangs").glob("*")), "the stacks of the hung rank"
+    assert sorted({s["step"] for s in of_type(events, "step")}) == list(range(1, 21))
+    assert of_type(events, "state")[-1]["state"] == "completed"
