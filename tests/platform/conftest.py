@@ -48,7 +48,9 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     from ringside.celery import app
 
     runs = tmp_path_factory.mktemp("runs")
-    queue = f"ringside-test-{os.getpid()}"  # no other worker on this Redis can take our tasks
+    # A queue of our own: no other worker on this Redis takes our tasks, including the worker
+    # of tests/e2e, which imports these fixtures and so runs its own set in the same session.
+    queue = f"ringside-test-{os.getpid()}-{runs.name}"
     # connections opened by websocket consumers' threads close after use, so the test
     # database can be dropped at the end of the session
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
