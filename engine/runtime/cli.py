@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", type=Path, metavar="DIR",
         help="continue from the newest good checkpoint in DIR (or from the checkpoint DIR)",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="PORT",
+        help="serve the latest per-op and per-rank aggregates as Prometheus text on PORT",
+    )
     return parser
 
 
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         job=args.job or spec.name,
         bus_url=args.bus,
         resume_from=args.resume,
+        metrics_port=args.metrics_port,
     )
     try:
         return launch(spec, target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import traceback
@@ -46,6 +47,7 @@ class RunTarget:
     job: str
     bus_url: str | None = None
     resume_from: Path | None = None
+    metrics_port: int | None = None  # rank 0 serves Prometheus text at /metrics
 
     def emit(self, type: str, step: int, **fields: object) -> None:
         log = EventLog(self.job, self.events_path, self.bus_url)
@@ -93,7 +95,7 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
                                             f"{spec.faults.policy.max_restarts}")
     try:
         trainer = Trainer(spec, target.run_dir, events, resume_sources(spec, target, restarted),
-                          control)
+                          control, target.metrics_port)
         return trainer.fit()
     finally:
         for channel in (events, control):
@@ -129,6 +131,8 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
             f"{directory} already holds checkpoints of an earlier run: resume it with "
             f"--resume {directory}, or start afresh in another --run-dir"
         )
+    if target.resume_from is None:  # a memory snapshot left by an earlier job is not ours
+        shutil.rmtree(default_memory_dir(directory), ignore_errors=True)
     target.run_dir.mkdir(parents=True, exist_ok=True)
     target.emit("state", 0, state="starting", world_size=spec.parallel.world_size)
     while True:

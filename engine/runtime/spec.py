@@ -205,6 +205,9 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         errors["train.dataset.holdout"] = "must be between 0 and 0.5"
     if spec.faults.policy.hang_timeout_s <= 0:
         errors["faults.policy.hang_timeout_s"] = "must be positive"
+    from engine.anomaly import policy_errors  # here: engine.anomaly imports this module
+
+    errors.update(policy_errors(spec.faults.policy))
     for i, inj in enumerate(spec.faults.inject):
         if not 1 <= inj.step <= t.steps:
             errors[f"faults.inject.{i}.step"] = f"must be between 1 and train.steps ({t.steps})"

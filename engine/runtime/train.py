@@ -34,8 +34,17 @@ from engine.runtime.control import Command, ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.events import EventLog
 from engine.runtime.spec import JobSpec, SpecError, TrainSpec, parse_spec
-from engine.xputimer import HangWatchdog, OpAggregator, OpTimer, time_modules
+from engine.xputimer import (
+    HangWatchdog,
+    MetricsServer,
+    OpAggregator,
+    OpTimer,
+    StepTimings,
+    time_modules,
+    write_trace,
+)
 
+TRACE_EVERY = 500  # steps between full-timeline samples (and after every anomaly)
 EXIT_HANG = 87  # a rank's watchdog ended it; the launcher restarts the ranks
 
 # the model's parts timed on every forward (XPUTimer's op classes)
@@ -151,6 +160,7 @@ class Trainer:
     def __init__(
         self, spec: JobSpec, run_dir: Path, events: EventLog | None = None,
         resume_from: list[Path] | None = None, control: ControlChannel | None = None,
+        metrics_port: int | None = None,
     ):
         self.spec = spec
         self.run_dir = run_dir
@@ -165,6 +175,8 @@ class Trainer:
         torch.set_num_threads(t.threads or max(1, (os.cpu_count() or 1) // local_world))
         self.topo = Topology.from_parallel(p).init_groups()
         self.events = events if self.rank == 0 else None
+        self.step = 0  # optimizer steps done
+        self.tokens = 0
         self.control = control if self.rank == 0 else None
         self._pending: list[Command] = []  # rank 0: commands read, not yet broadcast
         self._commands_due = 0  # how many of them every rank acts on after this step
@@ -197,19 +209,22 @@ class Trainer:
         )
         # timing and fault handling: every rank times its own ops and runs the detectors;
         # aggregation and decisions are collective, so all ranks act alike
-        self.timer = OpTimer(self.rank, backend=self.device.type)
+        self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=TRACE_EVERY)
         time_modules(self.model, self.timer, TIMED_MODULES)
         self.aggregator = OpAggregator()
+        self.metrics_server = None
+        if self.rank == 0 and metrics_port is not None:  # Prometheus text, for a Grafana
+            self.metrics_server = MetricsServer(metrics_port, job=spec.name).start()
+            self._emit("log", level="info", message=f"metrics at {self.metrics_server.url}")
         self.faults = FaultManager(spec.faults.policy, self.rank)
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
         self.watchdog = HangWatchdog(self.timer, spec.faults.policy.hang_timeout_s,
                                      run_dir / "hangs", on_hang=self._on_hang).start()
         self._signals: dict = {}  # the previous step's throughput, memory, ops and experts
+        self._trace_next = False
         if (run_dir / "faults").is_dir():
             self._publish_hang_reports()
-        self.step = 0
-        self.tokens = 0
         self._process = psutil.Process()
         if resume_from:
             self.resume(resume_from)
@@ -335,6 +350,7 @@ class Trainer:
             tokens_per_s=prev.get("tokens_per_s"), memory_bytes=prev.get("rss"),
             aggregate=prev.get("ops"), experts=prev.get("experts"),
         )
+        self._trace_next = bool(anomalies)  # keep the evidence: the next step's timeline
         for anomaly in anomalies:
             self._emit("anomaly", **anomaly.event_fields())
         for decision in decisions:
@@ -371,7 +387,6 @@ class Trainer:
         action = decision.action if decision is not None else "observe"
         if action in ("skip_update", "retry_step", "rollback", "pause", "restart"):
             self.dp.discard()
-            self.timer.step_end(self.step)
             if action in ("skip_update", "retry_step"):  # the step number is trained again
                 self.step -= 1
                 if action == "retry_step":  # on the same data
@@ -391,6 +406,7 @@ class Trainer:
                 self.persist()
             elif action == "restart":
                 raise RestartRequested(f"step {self.step}: {decision.reason or decision.anomaly}")
+            self._end_step_timing()  # after the step count is settled: the timer follows it
             return None
         if action == "lr_cut":
             lr *= float(decision.params.get("lr_factor", 0.1))
@@ -432,7 +448,9 @@ class Trainer:
         )
         if t.eval_every and (self.step % t.eval_every == 0 or self.step == t.steps):
             metrics.eval_loss = self.evaluate()
-        ops = self.aggregator.aggregate(self.timer.step_end(self.step))
+        ops = self.aggregator.aggregate(self._end_step_timing())
+        if self.metrics_server is not None:
+            self.metrics_server.update(ops)
         experts = self.model.expert_stats(counts)
         self._signals = {
             "grad_norm": grad_norm, "tokens_per_s": metrics.tokens_per_s, "rss": rss,
@@ -446,6 +464,21 @@ class Trainer:
         if tier is not None:
             self.save_checkpoint(to_disk=tier == "disk")
         return metrics
+
+    def _end_step_timing(self) -> StepTimings:
+        """Close the step's timings; a sampled step's full timeline goes to a Chrome trace
+        (collective: every rank sampled the same step)."""
+        timings = self.timer.step_end(self.step)
+        if timings.sampled:
+            trace = write_trace(self.timer, self.run_dir / "traces" / f"step-{self.step:06d}.json",
+                                steps={self.step})
+            if trace is not None:
+                self._emit("log", level="info", message=f"timeline trace: {trace}",
+                           trace=str(trace))
+        if self._trace_next:
+            self.timer.request_timeline()
+            self._trace_next = False
+        return timings
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -567,6 +600,8 @@ class Trainer:
 
     def _finish(self, drop_memory_tier: bool = False) -> None:
         self.watchdog.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.ckpt.close(drop_memory_tier=drop_memory_tier)
 
 

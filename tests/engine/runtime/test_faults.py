@@ -2,6 +2,10 @@
 the policy, and the run goes on: spikes and NaNs skip the update, a slow rank is named, a
 hung or crashed rank is restarted and the run resumes from its newest checkpoint."""
 
+import json
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 from engine.runtime.events import read_events
@@ -21,12 +25,30 @@ def nano(name: str, nodes: int, procs: int, steps: int, inject: list[dict], **po
     }
 
 
-def run(tmp_path: Path, data: dict) -> list[dict]:
+def run(tmp_path: Path, data: dict, metrics_port: int | None = None) -> list[dict]:
     spec = parse_spec(data)
     target = RunTarget(run_dir=tmp_path / spec.name, events_path=tmp_path / "events.jsonl",
-                       job=spec.name)
+                       job=spec.name, metrics_port=metrics_port)
     assert launch(spec, target) == 0
     return read_events(target.events_path)
+
+
+def scrape_while_running(events_path: Path, scraped: list[str]) -> threading.Thread:
+    """Fetch the Prometheus endpoint once rank 0 says where it is (from a thread: the
+    launcher needs the main thread for its signal handlers)."""
+    def scrape() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not scraped:
+            events = read_events(events_path) if events_path.exists() else []
+            urls = [e["message"].split()[-1] for e in events
+                    if e["type"] == "log" and e["message"].startswith("metrics at")]
+            if urls and any(e["type"] == "ops" for e in events):
+                scraped.append(urllib.request.urlopen(urls[0], timeout=5).read().decode())
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    return thread
 
 
 def of_type(events: list[dict], kind: str) -> list[dict]:
@@ -34,11 +56,15 @@ def of_type(events: list[dict], kind: str) -> list[dict]:
 
 
 def test_spike_nan_and_slow_rank_on_a_2x2_run(tmp_path):
+    scraped: list[str] = []
+    scraper = scrape_while_running(tmp_path / "events.jsonl", scraped)
     events = run(tmp_path, nano("faults", 2, 2, 45, [
         {"kind": "loss_spike", "step": 12, "rank": 1, "factor": 10.0},
         {"kind": "nan", "step": 18, "rank": 2},
         {"kind": "slow_rank", "step": 24, "rank": 3, "factor": 6.0},
-    ], actions={"straggler": ["observe"]}))  # the slow rank stays slow: keep watching it
+    ], actions={"straggler": ["observe"]}),  # the slow rank stays slow: keep watching it
+        metrics_port=0)
+    scraper.join(timeout=5)
     anomalies = {(a["kind"], a["step"]): a for a in of_type(events, "anomaly")}
     assert anomalies[("loss_spike", 12)]["rank"] == 1
     assert anomalies[("nan", 18)]["rank"] == 2
@@ -54,6 +80,13 @@ def test_spike_nan_and_slow_rank_on_a_2x2_run(tmp_path):
     assert all(e["ops"]["forward_backward"]["slowest_rank"] == 3 for e in late_ops)
     assert {"attention", "data", "optimizer"} <= {n.split(".")[-1] for n in late_ops[0]["ops"]} \
         or "forward_backward" in late_ops[0]["ops"]
+
+    # each anomaly leaves the next step's full timeline as a Chrome trace of every rank
+    trace = json.loads((tmp_path / "faults" / "traces" / "step-000012.json").read_text())
+    pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert pids == {0, 1, 2, 3}
+    # and a Prometheus scraper saw the per-op aggregates while the job ran
+    assert scraped and "forward_backward" in scraped[0]
 
     # every step trained once, and the loss is finite again after the faults
     steps = of_type(events, "step")

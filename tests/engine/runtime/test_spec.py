@@ -79,3 +79,12 @@ def test_types_are_strict():
         "train.lr": "must be a number",
         "model.use_qk_norm": "must be true or false",
     }
+
+
+def test_the_fault_policy_is_checked_field_by_field():
+    errors = errors_of({"name": "x", "faults": {"policy": {
+        "thresholds": {"loss_spike": {"z": -1.0}, "weather": {}},
+        "actions": {"nan": ["reboot"]},
+    }}})
+    assert set(errors) >= {"faults.policy.actions.nan.0"}
+    assert any(k.startswith("faults.policy.thresholds") for k in errors)
