@@ -1,5 +1,5 @@
 # Ringside: `make run` starts the platform, `make test` runs the whole suite.
-PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do command -v $$p >/dev/null 2>&1 && echo $$p && break; done)
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $$p && break; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Ringside needs Python 3.11 or newer; found " + sys.version.split()[0])'
+	@test -n "$(PYTHON)" || { echo "Ringside needs Python 3.11 or newer on PATH" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -26,12 +26,17 @@ test: install
 e2e: install
 	$(BIN)/python -m pytest tests/e2e
 
+# Each benchmark prints one JSON document (kept in bench/results/); `collectives` and `paro`
+# build an emulated cluster with network namespaces, so they need root.
+BENCHES := moe_layer moe_model collectives paro checkpoint timing_overhead
+
 bench: install
 	@mkdir -p bench/results
-	@for b in moe_layer moe_model collectives paro checkpoint timing_overhead; do \
-	  test -f bench/$$b.py || continue; \
+	$(BIN)/python -m pytest -m bench -q
+	@for b in $(BENCHES); do \
 	  echo "== bench/$$b.py"; \
-	  $(BIN)/python -m bench.$$b | tee bench/results/$$b.json || exit 1; \
+	  $(BIN)/python -m bench.$$b > bench/results/$$b.json || exit 1; \
+	  cat bench/results/$$b.json; \
 	done
 
 lint: install
