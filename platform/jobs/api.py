@@ -6,7 +6,6 @@ from __future__ import annotations
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
-from monitor.series import job_series
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.authtoken.views import ObtainAuthToken
@@ -18,6 +17,7 @@ from rest_framework.response import Response
 from engine.runtime.spec import SpecError, parse_spec
 from jobs.models import Cause, IllegalTransition, Job
 from jobs.serializers import JobDetailSerializer, JobSerializer
+from monitor.series import job_series
 
 
 class Conflict(APIException):

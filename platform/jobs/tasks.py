@@ -24,10 +24,10 @@ from pathlib import Path
 import redis
 from celery import shared_task
 from django.conf import settings
-from monitor.ingest import StreamIngest, forward
-from ringside.services import child_env
 
 from jobs.models import Cause, IllegalTransition, Job, State
+from monitor.ingest import StreamIngest, forward
+from ringside.services import child_env
 
 log = logging.getLogger(__name__)
 

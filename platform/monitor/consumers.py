@@ -21,8 +21,8 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
-from jobs.models import Job
 
+from jobs.models import Job
 from monitor.ingest import job_group
 from monitor.models import Event
 from monitor.series import job_series

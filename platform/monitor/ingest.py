@@ -22,9 +22,9 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
-from jobs.models import Job
 
 from engine.runtime.events import events_stream
+from jobs.models import Job
 from monitor.models import Event, MetricPoint
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ django_http = get_asgi_application()  # sets Django up before the consumers impo
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
 from monitor.consumers import SessionOrTokenAuth  # noqa: E402
 from monitor.routing import websocket_urlpatterns  # noqa: E402
 

@@ -2,9 +2,10 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
 from jobs import views
 from jobs.api import JobViewSet, TokenView
-from rest_framework.routers import DefaultRouter
 
 # API names ("job-list", "job-detail", ...) come from the router; pages have their own.
 router = DefaultRouter()

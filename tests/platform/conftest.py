@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+
 from ringside.services import child_env, free_port, python_module, wait_for_port
 
 PLATFORM_REDIS_DB = 14
@@ -45,6 +46,7 @@ def platform_redis_url(redis_url: str) -> str:
 def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     """Point this process's settings, channel layer and Celery producer at the test services."""
     from django.conf import settings
+
     from ringside.celery import app
 
     runs = tmp_path_factory.mktemp("runs")

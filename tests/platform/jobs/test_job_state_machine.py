@@ -1,6 +1,7 @@
 """The Job model owns its lifecycle: legal moves write a JobEvent, illegal ones raise."""
 
 import pytest
+
 from jobs.models import TRANSITIONS, Cause, IllegalTransition, Job, JobEvent, State
 
 pytestmark = pytest.mark.django_db

@@ -1,9 +1,10 @@
 """The jobs REST API: auth, spec validation, ownership, cancel conflicts, metrics, schema."""
 
 import pytest
+from rest_framework.test import APIClient
+
 from jobs.models import Job, State
 from monitor.ingest import store_events
-from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 

@@ -4,6 +4,7 @@ import time
 
 import psutil
 import pytest
+
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
 

@@ -4,11 +4,11 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+
+from engine.runtime.events import EventLog, events_stream
 from jobs.models import Job
 from monitor.ingest import GROUP, StreamIngest, job_group, step_metrics
 from monitor.models import Event, MetricPoint
-
-from engine.runtime.events import EventLog, events_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,12 +5,12 @@ import redis
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
-from jobs.models import Job
-from monitor.ingest import StreamIngest, store_events
 from rest_framework.authtoken.models import Token
-from ringside.asgi import application
 
 from engine.runtime.events import EventLog
+from jobs.models import Job
+from monitor.ingest import StreamIngest, store_events
+from ringside.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

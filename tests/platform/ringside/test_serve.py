@@ -14,6 +14,7 @@ import urllib.request
 
 import psutil
 import pytest
+
 from ringside.services import REPO_ROOT, child_env, free_port, wait_for_port
 
 
