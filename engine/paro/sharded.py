@@ -201,11 +201,12 @@ class ShardedDataParallel:
     def sharded_state(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """{kind: (values, global offset, global length)} for params (fp32 master), exp_avg and
         exp_avg_sq. Each rank returns its global block, so the world's pieces tile the buffer
-        exactly once whatever the strategy."""
+        exactly once whatever the strategy. The values are views of the live buffers (a checkpoint
+        save copies them before it returns); copy them to keep them past the next step."""
         lo, hi = self.layout.real_range("G", self._group, self._local)
         base = self.layout.start(self.strategy.optim, self._group, self._local)
         return {
-            kind: (t[lo - base : hi - base].clone(), lo, self.layout.numel)
+            kind: (t[lo - base : hi - base], lo, self.layout.numel)
             for kind, t in self._optimizer_buffers().items()
         }
 
