@@ -48,7 +48,9 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "hang": {},
     # per layer over a window: mean normalised load entropy below `entropy`, or at least
     # `dead_share` of the experts without a token for the whole window
-    "expert_collapse": {"entropy": 0.6, "dead_share": 0.5, "window": 50},
+    # (the first `warmup` steps are the router's own balancing: a fresh ling2 router starts
+    # collapsed and the bias update evens it out over ~150 steps at the tiny preset's rate)
+    "expert_collapse": {"entropy": 0.6, "dead_share": 0.5, "window": 50, "warmup": 150},
     # window means of memory rising by more than `min_growth` for `windows` windows in a row
     "memory_growth": {"window": 20, "windows": 5, "min_growth": 0.01},
     "crash": {},
@@ -269,7 +271,7 @@ class Detectors:
             for i, c in enumerate(counts):
                 idle[i] = idle[i] + 1 if c == 0 else 0
             history = self.entropy[key] = (self.entropy.get(key, []) + [entropy])[-window:]
-            if len(history) < window:
+            if len(history) < window or step <= t["warmup"]:
                 continue
             mean_entropy = statistics.fmean(history)
             dead = sum(1 for s in idle if s >= window)
