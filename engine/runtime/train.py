@@ -602,6 +602,8 @@ class Trainer:
         self.watchdog.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if drop_memory_tier:  # the memory tier is shared: no rank drops it while one writes
+            self.persist()
         self.ckpt.close(drop_memory_tier=drop_memory_tier)
 
 
