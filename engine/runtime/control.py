@@ -99,7 +99,7 @@ class ControlChannel:
             try:
                 item = json.loads(line)
             except ValueError:
-                self.errors.append(f"command line {n + 1}: not JSON")
+                self.errors.append(f"command: not JSON: {line[:80]!r}")
                 continue
             if isinstance(item, dict):
                 item.setdefault("id", f"file-{self._file_offset}-{n}")

@@ -420,6 +420,9 @@ class Trainer:
         # collective of its own until a command actually arrives.
         if self.control is not None:
             self._pending += self.control.poll()
+            for error in self.control.errors:  # malformed commands: say why they are ignored
+                self._emit("action", action="refused", command=None, error=error)
+            self.control.errors.clear()
         counts = self.model.routing_counts().to(self.device)
         packed = torch.cat([
             (ce_sum / t.grad_accum).reshape(1),

@@ -69,15 +69,22 @@ def store_events(job_id: int, events: Iterable[dict[str, Any]]) -> None:
               time=e.get("time", 0.0), data=e)
         for e in events
     ]
-    points = [
-        MetricPoint(job_id=job_id, name=name[:64], step=e["step"], value=value)
-        for e in events if e["type"] == "step"
+    # A step trained again (after a restart or a rollback) replaces its earlier values: the
+    # later event wins, within this batch and over what is stored.
+    latest = {
+        (name[:64], e["step"]): value
+        for e in sorted(events, key=lambda e: e["seq"]) if e["type"] == "step"
         for name, value in step_metrics(e).items()
-    ]
+    }
+    points = [MetricPoint(job_id=job_id, name=name, step=step, value=value)
+              for (name, step), value in latest.items()]
     last_step = max(e.get("step", 0) for e in events)
     with transaction.atomic():
         Event.objects.bulk_create(rows, ignore_conflicts=True)
-        MetricPoint.objects.bulk_create(points, ignore_conflicts=True, batch_size=2000)
+        MetricPoint.objects.bulk_create(
+            points, update_conflicts=True, unique_fields=["job", "name", "step"],
+            update_fields=["value"], batch_size=2000,
+        )
         # only forward: a replayed old batch must not move the job's step back
         Job.objects.filter(pk=job_id, step__lt=last_step).update(step=last_step)
 

@@ -87,6 +87,20 @@ def test_a_redelivered_event_is_stored_once(job, bus, platform_redis_url):
     assert MetricPoint.objects.filter(job=job, name="loss").count() == 3
 
 
+def test_a_step_trained_again_replaces_its_earlier_values(job, bus, platform_redis_url):
+    """After a crash restart (or a rollback) the engine trains steps again: the stored
+    series keeps each step once, with the values of its latest run."""
+    publish_steps(job, platform_redis_url, [1, 2, 3, 2, 3])  # restarted from step 1
+    log = EventLog(str(job.pk), bus_url=platform_redis_url)
+    log.emit("step", 3, loss=0.25)  # and once more, in a later batch
+    log.close()
+    ingest = StreamIngest(job.pk, bus, consumer="a")
+    ingest.poll(block_ms=100)
+    ingest.poll(block_ms=100)
+    loss = dict(MetricPoint.objects.filter(job=job, name="loss").values_list("step", "value"))
+    assert loss == {1: 6.0, 2: 3.0, 3: 0.25}
+
+
 def test_step_metrics_flattens_numbers_and_marks_non_finite_values():
     event = {"type": "step", "job": "1", "step": 3, "time": 1.0, "seq": 9, "loss": "nan",
              "grad_norm": 2, "ok": True, "memory": {"rss_bytes": 10, "device": "cpu"}}
