@@ -353,9 +353,14 @@ class Trainer:
         self._trace_next = bool(anomalies)  # keep the evidence: the next step's timeline
         for anomaly in anomalies:
             self._emit("anomaly", **anomaly.event_fields())
-        for decision in decisions:
+        for decision in decisions[1:]:  # recorded; the first is announced once carried out
             self._emit("action", **decision.event_fields())
         return decisions[0] if decisions else None
+
+    def _announce(self, decision: Decision | None, **outcome: object) -> None:
+        """Publish the decision carried out, with what it did (e.g. the checkpoint)."""
+        if decision is not None and self.events is not None:
+            self.events.emit("action", decision.step, **decision.event_fields(), **outcome)
 
     # -- one optimizer step -------------------------------------------------------------
     def train_step(self) -> StepMetrics | None:
@@ -391,21 +396,22 @@ class Trainer:
                 self.step -= 1
                 if action == "retry_step":  # on the same data
                     self.loader.position = position
-            elif action == "rollback":
+            outcome: dict = {}
+            if action == "rollback":
                 try:
-                    done = self.rollback(self.step - 1, None, skip_data=True)
-                    self._emit("log", level="warning",
-                               message=f"rolled back to {done['checkpoint']}")
+                    outcome = self.rollback(self.step - 1, None, skip_data=True)
                 except CommandRefused as e:  # nothing to go back to yet: the update is skipped
                     self.step -= 1
-                    self._emit("log", level="warning", message=f"{e}; skipped the update")
+                    outcome = {"carried_out": "skip_update", "error": str(e)}
             elif action == "pause":
                 self._outcome = Outcome("pause", self.step - 1)
                 self.step -= 1
-                self.save_checkpoint()
+                outcome = {"checkpoint": str(self.save_checkpoint())}
                 self.persist()
             elif action == "restart":
+                self._announce(decision)
                 raise RestartRequested(f"step {self.step}: {decision.reason or decision.anomaly}")
+            self._announce(decision, **outcome)
             self._end_step_timing()  # after the step count is settled: the timer follows it
             return None
         if action == "lr_cut":
@@ -413,7 +419,9 @@ class Trainer:
         with self.timer.op("optimizer", kind="compute"):
             grad_norm = self.dp.step(lr, t.grad_clip)
         if action == "checkpoint":
-            self.save_checkpoint()
+            self._announce(decision, checkpoint=str(self.save_checkpoint()))
+        elif decision is not None:
+            self._announce(decision)
 
         # One all-reduce carries the loss, the routing counts of every MoE layer and the
         # number of commands rank 0 has read (the others add 0), so steering costs no

@@ -13,14 +13,15 @@ from engine.runtime.launch import RunTarget, launch
 from engine.runtime.spec import parse_spec
 
 
-def nano(name: str, nodes: int, procs: int, steps: int, inject: list[dict], **policy) -> dict:
+def nano(name: str, nodes: int, procs: int, steps: int, inject: list[dict], every: int = 5,
+         **policy) -> dict:
     return {
         "name": name,
         "model": {"preset": "nano"},
         "parallel": {"nodes": nodes, "procs_per_node": procs, "strategy": "NNN"},
         "train": {"steps": steps, "micro_batch": 2, "seq_len": 64, "eval_every": 0,
                   "warmup": 5, "threads": 1},
-        "checkpoint": {"every": 5},
+        "checkpoint": {"every": every},
         "faults": {"inject": inject, "policy": policy},
     }
 
@@ -119,4 +120,21 @@ def test_a_hung_rank_is_named_and_restarted(tmp_path):
                for a in of_type(events, "action"))
     assert list((tmp_path / "hang" / "hangs").glob("*")), "the stacks of the hung rank"
     assert sorted({s["step"] for s in of_type(events, "step")}) == list(range(1, 21))
+    assert of_type(events, "state")[-1]["state"] == "completed"
+
+
+def test_a_loss_spike_answered_by_rollback_leaves_a_spike_free_curve(tmp_path):
+    events = run(tmp_path, nano("rollback", 1, 2, 40,
+                                [{"kind": "loss_spike", "step": 30, "rank": 0, "factor": 10.0}],
+                                every=10, actions={"loss_spike": ["rollback"]}))
+    (answer,) = [a for a in of_type(events, "action") if a["anomaly"] == "loss_spike"]
+    assert answer["action"] == "rollback" and answer["step"] == 30
+    assert answer["checkpoint"].endswith("step-000020") and answer["to_step"] == 20
+    assert answer["skip_data"] is True
+
+    # the stored curve keeps each step's latest value: 21..29 trained again on new data
+    curve = {s["step"]: s["loss"] for s in of_type(events, "step")}
+    assert sorted(curve) == list(range(1, 41))
+    late = [curve[step] for step in range(20, 41)]
+    assert max(late) < 1.5 * min(late)
     assert of_type(events, "state")[-1]["state"] == "completed"
