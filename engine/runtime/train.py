@@ -445,9 +445,14 @@ class Trainer:
         self._commands_due = int(packed[1])
         counts = packed[2:].view_as(counts)
         self.model.update_expert_bias(counts)
+        # the step event reports the worst rank: memory, state bytes and traffic in one MAX
         rss = self._process.memory_info().rss
-        peak_rss = torch.tensor([rss], dtype=torch.float64)
-        dist.all_reduce(peak_rss, op=dist.ReduceOp.MAX)
+        state, comm = self.dp.state_bytes(), self.dp.comm_stats()
+        worst = torch.tensor([rss, *state.values(), *comm.values()], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        worst_rss, *rest = (int(v) for v in worst.tolist())
+        state = dict(zip(state, rest[: len(state)], strict=True))
+        comm = dict(zip(comm, rest[len(state):], strict=True))
 
         step_tokens = t.micro_batch * t.seq_len * t.grad_accum * self.world_size
         self.tokens += step_tokens
@@ -455,7 +460,7 @@ class Trainer:
         metrics = StepMetrics(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr,
             tokens_per_s=step_tokens / step_time, step_time=step_time, tokens=self.tokens,
-            rss_bytes=int(peak_rss.item()),
+            rss_bytes=worst_rss,
         )
         if t.eval_every and (self.step % t.eval_every == 0 or self.step == t.steps):
             metrics.eval_loss = self.evaluate()
@@ -467,8 +472,7 @@ class Trainer:
             "grad_norm": grad_norm, "tokens_per_s": metrics.tokens_per_s, "rss": rss,
             "ops": ops, "experts": {str(i): layer for i, layer in enumerate(experts)},
         }
-        self._emit("step", **metrics.event_fields(), state_bytes=self.dp.state_bytes(),
-                   comm=self.dp.comm_stats())
+        self._emit("step", **metrics.event_fields(), state_bytes=state, comm=comm)
         self._emit("experts", layers=experts)
         self._emit("ops", **{k: v for k, v in ops.items() if k != "step"})
         tier = self.ckpt.due(self.step)
