@@ -114,7 +114,12 @@ def test_sigterm_cancels_the_run_and_stops_every_rank(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     last = read_events(events_path)[-1]
     assert (last["type"], last["state"]) == ("state", "cancelled")
+    # a rank may still be tearing down for a moment after the launcher returned
+    deadline = time.monotonic() + 5
+    while live_processes_in_session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert live_processes_in_session(proc.pid) == []
+    assert time.monotonic() - stopped_at < 10
 
 
 def live_processes_in_session(sid: int) -> list[str]:
