@@ -25,9 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import DeepseekV3Config  # noqa: E402
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE  # noqa: E402
-
+from bench.hf_reference import hf_layer_like  # noqa: E402
 from engine.moe import preset  # noqa: E402
 from engine.moe.model import MoE  # noqa: E402
 
@@ -52,23 +50,7 @@ def build(shape):
     with torch.no_grad():
         for p in ours.parameters():
             p.normal_(0.0, 0.02)
-    hf = {}
-    for impl in HF_IMPLS:
-        hf_config = DeepseekV3Config(
-            hidden_size=d, moe_intermediate_size=f, n_routed_experts=e, num_experts_per_tok=k,
-            n_shared_experts=1, n_group=groups, topk_group=kept,
-            routed_scaling_factor=config.routed_scaling_factor, norm_topk_prob=True,
-        )
-        hf_config._experts_implementation = impl
-        layer = DeepseekV3MoE(hf_config)
-        with torch.no_grad():
-            layer.gate.weight.copy_(ours.router.weight)
-            layer.gate.e_score_correction_bias.copy_(ours.router.expert_bias)
-            layer.experts.gate_up_proj.copy_(ours.experts.gate_up)
-            layer.experts.down_proj.copy_(ours.experts.down)
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                getattr(layer.shared_experts, name).weight.copy_(getattr(ours.shared, name).weight)
-        hf[impl] = layer
+    hf = {impl: hf_layer_like(ours, impl) for impl in HF_IMPLS}
     return ours, hf
 
 
