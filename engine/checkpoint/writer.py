@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -347,11 +348,23 @@ def _commit_if_complete(step_dir: Path, save_id: str, world_size: int, rank: int
     }
     write_atomic(step_dir / MANIFEST, [json.dumps(manifest).encode()], f"{save_id}.{rank}")
     fsync_dir(step_dir)
-    # files of an earlier save of this step (a re-save after a rollback) and crashed temps
     for f in step_dir.iterdir():
-        if save_id not in f.name and f.name not in (MANIFEST, PINNED):
+        if _superseded(f.name, save_id):
             f.unlink(missing_ok=True)
     return True
+
+
+def _superseded(name: str, save_id: str) -> bool:
+    """Whether a file in a step folder belongs to a save older than `save_id`: one of an earlier
+    incarnation of the job (a re-save after a rollback or a restart, a crashed write's temp) or
+    an earlier save of this one. A later save of this incarnation at the same step (a scheduled
+    save, then a command's) may already be writing into the folder: its files stay."""
+    if name in (MANIFEST, PINNED):
+        return False
+    run_id, _, count = save_id.rpartition("-")
+    # data, part and temp files: [.][MANIFEST.json.]<run_id>-<count>.<rest>
+    found = re.match(rf"^\.?(?:{re.escape(MANIFEST)}\.)?{re.escape(run_id)}-(\d+)\.", name)
+    return found is None or int(found.group(1)) < int(count)
 
 
 def _tensor_index(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

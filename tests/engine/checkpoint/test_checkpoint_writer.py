@@ -105,6 +105,27 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     assert len(list((tmp_path / "step-000005").glob("*.bin"))) == 1
 
 
+def test_committing_a_save_keeps_a_later_save_of_the_same_step_in_flight(tmp_path):
+    # a scheduled save and a command's save at one step: the slower rank commits the first
+    # while the faster one already writes the second into the same folder
+    fast, slow = (Checkpointer(tmp_path, rank=r, world_size=2, run_id="twice", memory_dir=None)
+                  for r in range(2))
+    fast.save(5, {"w": (torch.zeros(2), 0, 4)})
+    fast.save(5, {"w": (torch.ones(2), 0, 4)})
+    fast.wait()
+    slow.save(5, {"w": (torch.zeros(2), 2, 4)})
+    slow.wait()  # commits the first save; the fast rank's second part must survive it
+    slow.save(5, {"w": (torch.ones(2), 2, 4)})
+    slow.wait()
+    [info] = list_checkpoints(tmp_path)
+    assert info.good and info.manifest["save_id"] == "twice-000002"
+    files = sorted(f.name for f in info.path.iterdir())
+    assert files == ["MANIFEST.json"] + [f"twice-000002.rank-0000{r}.{ext}"
+                                         for r in (0, 1) for ext in ("bin", "json")]
+    fast.close()
+    slow.close()
+
+
 def test_forget_after_drops_the_abandoned_timeline_in_both_tiers(tmp_path):
     ckpt = Checkpointer(tmp_path / "disk", memory_dir=tmp_path / "mem", keep=5, memory_keep=5)
     for step in (10, 20, 30, 40):
