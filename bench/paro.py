@@ -12,12 +12,15 @@ documented: every micro-step synchronises) and "tuned" (DDP `no_sync()`, fully_s
 `set_requires_gradient_sync(False)`, HSDP `set_requires_all_reduce(False)` on the non-final
 micro-steps).
 
-Per configuration it reports the median step time (slowest rank) over --steps timed steps
-after one warm-up step, tokens/s, the model-state bytes (parameters + gradients + optimizer
-states) held per rank between micro-steps (max over ranks and micro-steps; FSDP2's unsharded
-gradient accumulators included), the inter-node bytes per step (measured: tx bytes of the
-node's NICs per rank, from /sys/class/net; null on --localhost) and, for PaRO, the bytes its
-counters attribute to the inter tier.
+The configurations take turns: in each of --rounds rounds every configuration is built
+afresh and trains one warm-up step and --steps timed steps (the order reversed on alternate
+rounds), so a burst of other work on the shared host, or a drift in its load, falls on all of
+them alike instead of on one configuration's block. Per configuration it reports the median
+step time (slowest rank) over all its timed steps, tokens/s, the model-state bytes
+(parameters + gradients + optimizer states) held per rank between micro-steps (max over
+ranks and micro-steps; FSDP2's unsharded gradient accumulators included), the inter-node
+bytes per step (measured: tx bytes of the node's NICs per rank, from /sys/class/net; null on
+--localhost) and, for PaRO, the bytes its counters attribute to the inter tier.
 
 Budgets are 50% and 35% of DDP's model-state bytes; a configuration fits when its
 model-state bytes are within the budget. The planner (engine.paro.plan, with links
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -46,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -61,6 +65,7 @@ LR, CLIP = 3e-4, 1.0
 BASELINES = ("ddp", "fsdp", "hsdp")
 BUDGETS = {"b50": 0.50, "b35": 0.35}
 PORT = 29533  # away from bench.cluster's default, so another benchmark's ranks never meet ours
+PARO_CLUSTER = "rsparo"  # the namespaces' name prefix, see main()
 
 
 def model_config() -> MoEConfig:
@@ -109,18 +114,24 @@ def paro_trainer(name: str, topo: Topology, collective: str) -> Trainer:
     )
 
 
-def baseline_trainer(kind: str, tuned: bool, topo: Topology) -> Trainer:
+def baseline_meshes(topo: Topology) -> dict[str, DeviceMesh]:
+    """FSDP2's meshes, built once: each build creates process groups (and their connections),
+    which a configuration built afresh every round should not pay inside its warm-up."""
+    return {
+        "fsdp": init_device_mesh("cpu", (topo.world_size,)),
+        "hsdp": init_device_mesh(
+            "cpu", (topo.nodes, topo.procs_per_node), mesh_dim_names=("replicate", "shard")
+        ),
+    }
+
+
+def baseline_trainer(kind: str, tuned: bool, meshes: dict[str, DeviceMesh]) -> Trainer:
     torch.manual_seed(0)
     model = MoEModel(model_config())
     if kind == "ddp":
         wrapped = DistributedDataParallel(model)
     else:
-        if kind == "fsdp":
-            mesh = init_device_mesh("cpu", (topo.world_size,))
-        else:
-            mesh = init_device_mesh(
-                "cpu", (topo.nodes, topo.procs_per_node), mesh_dim_names=("replicate", "shard")
-            )
+        mesh = meshes[kind]
         for block in model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -186,33 +197,51 @@ def nic_tx_bytes(topo: Topology) -> int | None:
     return total
 
 
-def measure(trainer: Trainer, topo: Topology, steps: int) -> dict:
+@dataclasses.dataclass
+class Samples:
+    """One configuration's measurements, accumulated over the rounds (this rank's view)."""
+
+    times: list[float] = dataclasses.field(default_factory=list)  # slowest rank's, per step
+    state: int = 0
+    tx: list[float] = dataclasses.field(default_factory=list)
+    inter_counted: int | None = None
+
+
+def measure(trainer: Trainer, topo: Topology, steps: int, into: Samples) -> None:
+    """One warm-up step, then `steps` timed ones, added to `into`."""
     world, rank = topo.world_size, dist.get_rank()
-    times, state, tx = [], 0, []
     for step in range(steps + 1):  # step 0 warms up
         dist.barrier()
         sent = nic_tx_bytes(topo)
         start = time.perf_counter()
         for i, (ids, labels) in enumerate(batches(step, world, rank)):
             trainer.micro(ids, labels, i == GRAD_ACCUM - 1)
-            state = max(state, trainer.state_bytes())
+            into.state = max(into.state, trainer.state_bytes())
         trainer.step()
-        elapsed = time.perf_counter() - start
-        dist.barrier()
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
         if step:
-            times.append(elapsed)
+            into.times.append(elapsed.item())
             if sent is not None:
-                tx.append((nic_tx_bytes(topo) - sent) / topo.procs_per_node)
-    worst = torch.tensor([statistics.median(times), float(state), max(tx, default=-1.0)])
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    row = {
-        "step_time_s": worst[0].item(),
-        "tokens_per_s": GRAD_ACCUM * world * MICRO_BATCH * SEQ_LEN / worst[0].item(),
-        "model_state_bytes": int(worst[1].item()),
-        "inter_bytes_per_step_measured": None if worst[2] < 0 else int(worst[2].item()),
-    }
+                into.tx.append((nic_tx_bytes(topo) - sent) / topo.procs_per_node)
     if trainer.inter_counted is not None:
-        row["inter_bytes_per_step_counted"] = trainer.inter_counted()
+        into.inter_counted = trainer.inter_counted()
+
+
+def summarise(samples: Samples, world: int) -> dict:
+    worst = torch.tensor([float(samples.state), max(samples.tx, default=-1.0)])
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    step_time = statistics.median(samples.times)
+    row = {
+        "step_time_s": step_time,
+        "step_time_min_s": min(samples.times),
+        "timed_steps": len(samples.times),
+        "tokens_per_s": GRAD_ACCUM * world * MICRO_BATCH * SEQ_LEN / step_time,
+        "model_state_bytes": int(worst[0].item()),
+        "inter_bytes_per_step_measured": None if worst[1] < 0 else int(worst[1].item()),
+    }
+    if samples.inter_counted is not None:
+        row["inter_bytes_per_step_counted"] = samples.inter_counted
     return row
 
 
@@ -236,13 +265,22 @@ def worker(args: argparse.Namespace) -> None:
     links = calibrate(topo)
     fb = torch.tensor([compute_time()])
     dist.all_reduce(fb, op=dist.ReduceOp.MAX)
-    rows = {}
-    for name in args.strategies:
-        rows[name] = measure(paro_trainer(name, topo, args.collective), topo, args.steps)
+    meshes = baseline_meshes(topo)
+    builders: dict[str, Callable[[], Trainer]] = {
+        name: lambda name=name: paro_trainer(name, topo, args.collective)
+        for name in args.strategies
+    }
     for kind in BASELINES:
         for tuned in (False, True):
             label = f"{kind}_{'tuned' if tuned else 'default'}"
-            rows[label] = measure(baseline_trainer(kind, tuned, topo), topo, args.steps)
+            builders[label] = lambda kind=kind, tuned=tuned: baseline_trainer(kind, tuned, meshes)
+    samples = {label: Samples() for label in builders}
+    for round_ in range(args.rounds):
+        order = list(builders) if round_ % 2 == 0 else list(reversed(builders))
+        for label in order:
+            measure(builders[label](), topo, args.steps, samples[label])
+            gc.collect()  # the configuration's buffers go before the next one is built
+    rows = {label: summarise(samples[label], topo.world_size) for label in builders}
     if dist.get_rank() == 0:
         Path(args.result).write_text(
             json.dumps({"links": _links_json(links), "compute_time_s": fb.item(), "rows": rows})
@@ -311,7 +349,8 @@ def report(measured: dict, topo: Topology, args: argparse.Namespace, where: dict
         "model": {"config": dataclasses.asdict(model_config()), "dtype": "float32"},
         "batch": {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "grad_accum": GRAD_ACCUM},
         "collective": args.collective,
-        "timed_steps": args.steps,
+        "rounds": args.rounds,
+        "timed_steps_per_round": args.steps,
         "links_calibrated": measured["links"],
         "compute_time_s": measured["compute_time_s"],
         "rows": rows,
@@ -331,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--procs-per-node", type=int, default=2)
     parser.add_argument("--inter-gbit", type=float, default=1.0)
-    parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
+    parser.add_argument(
+        "--steps", type=int, default=2, help="timed optimizer steps per configuration and round"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="turns every configuration takes")
     parser.add_argument("--collective", default="native", choices=("native", "hier", "horing"))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_NAMES))
     parser.add_argument("--localhost", action="store_true", help="plain gloo, no emulation")
@@ -346,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "bench.paro", "--worker", "--result", str(result),
-               "--steps", str(args.steps), "--collective", args.collective,
+               "--steps", str(args.steps), "--rounds", str(args.rounds),
+               "--collective", args.collective,
                "--strategies", *args.strategies]  # fmt: skip
         if args.localhost:
             where = {"mode": "localhost gloo on loopback, NOT the emulated cluster"}
@@ -358,9 +401,9 @@ def main(argv: list[str] | None = None) -> int:
 
             # bench.cluster's namespace names are global and its `down` kills whatever runs in
             # them, so another benchmark bringing its own cluster up or down would end this
-            # one: this run gets namespaces of its own, outside the "ringside-" prefix
-            emulated.PREFIX, emulated.SWITCH = "rsparo-", "rsparo-sw"
-            emulated.STATE = Path("/run/rsparo-cluster.json")
+            # one: this run gets namespaces of its own (bench.cluster reads the name from the
+            # environment, here and in every rank it starts)
+            os.environ["RINGSIDE_CLUSTER"] = PARO_CLUSTER
             spec = emulated.ClusterSpec(args.nodes, args.procs_per_node, args.inter_gbit)
             where = {"mode": "emulated cluster (bench.cluster)", **dataclasses.asdict(spec)}
             with emulated.cluster(spec):

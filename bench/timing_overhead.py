@@ -1,23 +1,27 @@
-"""Overhead of per-op timing on a real training step: off, always-on (L1), sampled (L2).
+"""What per-op timing costs the real training loop: off, always-on (L1), sampled (L2).
 
-    .venv/bin/python -m bench.timing_overhead [--preset tiny] [--rounds 30] [--block 1]
+    .venv/bin/python -m bench.timing_overhead [--preset tiny] [--ranks 2] [--rounds 10]
+                                              [--block 10] [--sample-every 10]
 
-The workload is a stand-in for the training loop (engine/runtime/train.py does not wire the
-timers yet): the real MoE model and data loader, AdamW, and a real gloo all-reduce of the
-gradients in a one-rank group. Every module of interest (attention, router, routed and
-shared experts, norms) is timed through forward hooks (`engine.xputimer.time_modules`), as
-are data loading, backward, the gradient all-reduce, clipping and the optimizer step, and
-each step ends with `step_end` plus the cross-rank aggregation, so "on" pays for everything
-timing costs.
+Every rank runs the engine's own `Trainer` (the model, PaRO data parallelism over gloo, the
+fault detectors, the cross-rank aggregation of the `ops` event) and switches its timing between
+steps with `Trainer.set_timing`:
 
-The three modes alternate step by step (blocks of `--block` steps) over `--rounds` rounds,
-so drift and machine noise fall on all of them alike. `ratios` compare the median process
-CPU time per step (one intra-op thread: on a quiet machine it is the step time; on a shared
-one it is not inflated by other tenants' processes), `wall_ratios` the median wall-clock
-step times. Both
-carry noise of a few percent on a shared machine, so the JSON also gives an estimate
-that noise hardly touches: what timing adds to one hooked module call (best of 5 tight loops)
-times the ops per step, plus the measured median of `step_end` and the aggregation.
+- off: `OpTimer` hands out no-op spans and the module hooks are removed;
+- always_on: every op timed and aggregated across ranks every step, no timeline;
+- sampled: as always_on, plus the full per-op timeline of every `--sample-every`-th step
+  recorded and written as a Chrome trace (the default in a job is every 500th step, so this
+  is a harsher setting than the default).
+
+The modes take turns in blocks of `--block` steps (a block as long as the sampling period,
+so a sampled block holds its share of sampled steps) and rotate which goes first, so drift and
+machine noise fall on all of them alike. The overhead of a mode is its median block-mean step
+time over that of "off": `ratios` in process CPU time (on a shared machine it is not inflated by
+other tenants), `wall_ratios` in wall-clock time, with the standard error that says what the
+comparison can resolve. A CPU step varies by +-15% from step to step, more than timing costs, so
+`accounted` adds the same overheads from unit costs measured in isolation: the cost of one timed
+call times the timed calls per step, plus one trace write per sampling period. Run it on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -28,160 +32,171 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
-from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
 
-from engine.moe.config import preset
-from engine.moe.model import Attention, MoEModel, RMSNorm, RoutedExperts, SwiGLU
-from engine.moe.router import Router
-from engine.runtime.data import TokenLoader, load_tokens
-from engine.runtime.spec import DatasetSpec
-from engine.xputimer import OpAggregator, OpTimer, StepTimings, time_modules
+from engine.runtime.spec import parse_spec
+from engine.runtime.train import Trainer
+from engine.xputimer import OpTimer, time_modules, write_trace
 
 MODES = ("off", "always_on", "sampled")
-TIMED_MODULES = {Attention: "matmul", Router: "compute", RoutedExperts: "matmul",
-                 SwiGLU: "matmul", RMSNorm: "compute"}
 
 
-class Workload:
-    def __init__(self, preset_name: str, seq_len: int, micro_batch: int):
-        torch.manual_seed(0)
-        self.model = MoEModel(preset(preset_name))
-        self.params = list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3)
-        splits = load_tokens(DatasetSpec())
-        self.loader = TokenLoader(splits.train, seq_len, micro_batch, 0, 1, seed=0)
-        self.step = 0
-        self.closing_s: list[float] = []  # step_end + aggregation, per timed step
-        self.numel = sum(p.numel() for p in self.params)
-
-    def train_step(self, timer: OpTimer | None,
-                   aggregator: OpAggregator | None) -> tuple[float, float, StepTimings | None]:
-        """One optimizer step: its wall time, its process CPU time and, timed, its timings."""
-
-        def op(name: str, kind: str = "compute", **kw):
-            return timer.op(name, kind=kind, **kw) if timer is not None else nullcontext()
-
-        started, started_cpu = time.perf_counter(), time.process_time()
-        self.step += 1
-        with op("data", "data"):
-            input_ids, labels = self.loader.next_batch()
-        with op("forward"):
-            output = self.model(input_ids, labels)
-        with op("backward"):
-            output.loss.backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
-        with op("grad_all_reduce", "collective", nbytes=flat.numel() * 4, group="global",
-                algo="native", collective="all_reduce", group_size=1):
-            dist.all_reduce(flat)
-        with op("grad_clip"):
-            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        with op("optimizer", "host"):
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        timings = None
-        if timer is not None:
-            closing = time.perf_counter()
-            timings = timer.step_end(self.step)
-            aggregator.aggregate(timings)
-            self.closing_s.append(time.perf_counter() - closing)
-        return time.perf_counter() - started, time.process_time() - started_cpu, timings
+def spec_for(args: argparse.Namespace) -> dict:
+    return {
+        "name": "timing-overhead",
+        "model": {"preset": args.preset},
+        "parallel": {"nodes": 1, "procs_per_node": args.ranks},
+        "train": {"steps": 100_000, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+                  "eval_every": 0, "threads": args.threads, "trace_every": args.sample_every},
+        "checkpoint": {"every": 0},
+    }
 
 
-def per_op_cost_us(sample_every: int, n: int = 5_000) -> float:
-    """What timing adds to one module call through the hooks (best of 5, so machine noise
-    cannot inflate it): a timed nn.Identity call minus an untimed one."""
+def rank_main(rank: int, args: argparse.Namespace, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    trainer = Trainer(parse_spec(spec_for(args)), Path(out_dir) / "run")
+    for _ in range(3):  # warm-up: allocator, first-call costs
+        trainer.train_step()
+    wall: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    sampled_steps = {m: 0 for m in MODES}
+    ops_per_step = 0
+    for r in range(args.rounds):
+        for mode in MODES[r % 3:] + MODES[: r % 3]:
+            trainer.set_timing(mode != "off")
+            trainer.timer.sample_every = args.sample_every if mode == "sampled" else 0
+            started, started_cpu = time.perf_counter(), time.process_time()
+            for _ in range(args.block):
+                trainer.train_step()
+                last = trainer.last_timings
+                sampled_steps[mode] += last.sampled
+                if mode == "always_on":
+                    ops_per_step = sum(s.count for s in last.ops.values())
+            wall[mode].append((time.perf_counter() - started) / args.block)
+            cpu[mode].append((time.process_time() - started_cpu) / args.block)
+    trace_s = time_trace(trainer, Path(out_dir) / "probe.json")
+    trainer.finish()
+    report = {"wall": wall, "cpu": cpu, "sampled_steps": sampled_steps,
+              "ops_per_step": ops_per_step, "trace_s": trace_s,
+              "op_s": {mode: timed_call_cost(mode == "sampled") for mode in MODES[1:]}}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def timed_call_cost(sampled: bool, calls: int = 20_000) -> float:
+    """Seconds one timed module call adds over an untimed one: the forward hooks and the span
+    (in sampled steps the span also writes the timeline ring). Every op is charged this,
+    although the loop's explicit ops skip the hooks."""
+    layer = nn.Sequential(nn.Identity())
     x = torch.zeros(1)
-    plain, hooked = torch.nn.Identity(), torch.nn.Identity()
-    time_modules(hooked, OpTimer(sample_every=sample_every), {torch.nn.Identity: "compute"})
 
-    def best_us(module: torch.nn.Module) -> float:
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(n):
-                module(x)
-            best = min(best, (time.perf_counter() - start) / n * 1e6)
-        return best
+    def run() -> float:
+        started = time.perf_counter()
+        for i in range(calls):
+            layer(x)
+            if i % 100 == 99:
+                timer.step_end(i // 100 + 1)
+        return time.perf_counter() - started
 
-    return best_us(hooked) - best_us(plain)
+    timer = OpTimer(enabled=False)
+    plain = min(run() for _ in range(3))
+    timer = OpTimer(sample_every=1 if sampled else 0)
+    time_modules(layer, timer, {nn.Identity: "compute"})
+    timed = min(run() for _ in range(3))
+    return (timed - plain) / calls
+
+
+def time_trace(trainer: Trainer, path: Path) -> float:
+    """Seconds to gather and write one sampled step's timeline of every rank (collective)."""
+    step = int(trainer.timer.ring.snapshot(None)["step"].max())
+    dist.barrier()
+    started = time.perf_counter()
+    write_trace(trainer.timer, path, steps={step})
+    dist.barrier()
+    return time.perf_counter() - started
+
+
+def accounted(ranks: list[dict], step_s: float, args: argparse.Namespace) -> dict[str, float]:
+    ops = ranks[0]["ops_per_step"]
+    op_s = {mode: max(r["op_s"][mode] for r in ranks) for mode in MODES[1:]}
+    trace_s = ranks[0]["trace_s"]
+    return {
+        "timed_call_us": {mode: cost * 1e6 for mode, cost in op_s.items()},
+        "trace_ms_per_sampled_step": trace_s * 1e3,
+        "always_on_overhead": ops * op_s["always_on"] / step_s,
+        "sampled_overhead": (ops * op_s["sampled"] + trace_s / args.sample_every) / step_s,
+    }
+
+
+def overheads(per_block: dict[str, list[float]]) -> dict[str, float]:
+    median = {mode: statistics.median(values) for mode, values in per_block.items()}
+    return {f"{mode}_overhead": median[mode] / median["off"] - 1 for mode in MODES[1:]}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--block", type=int, default=1, help="steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--block", type=int, default=10, help="steps per mode per round")
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    load_before = os.getloadavg()
-    work = Workload(args.preset, args.seq_len, args.micro_batch)
-    work.train_step(None, None)  # warm-up: allocator, first-call costs
-    timers = {"always_on": OpTimer(0), "sampled": OpTimer(0, sample_every=args.sample_every)}
-    aggregators = {mode: OpAggregator() for mode in timers}
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu_times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    ops_per_step = 0
-    for r in range(args.rounds):
-        for mode in MODES[r % 3:] + MODES[:r % 3]:  # rotate who goes first
-            timer = timers.get(mode)
-            handles = (time_modules(work.model, timer, TIMED_MODULES) if timer is not None
-                       else [])
-            for _ in range(args.block):
-                seconds, cpu_seconds, timings = work.train_step(timer, aggregators.get(mode))
-                times[mode].append(seconds)
-                cpu_times[mode].append(cpu_seconds)
-                if timings is not None:
-                    ops_per_step = sum(s.count for s in timings.ops.values())
-            for h in handles:
-                h.remove()
-    load_after = os.getloadavg()
-    dist.destroy_process_group()
-
-    median_ms = {mode: statistics.median(t) * 1e3 for mode, t in times.items()}
-    median_cpu_ms = {mode: statistics.median(t) * 1e3 for mode, t in cpu_times.items()}
-    cost_us = {"always_on": per_op_cost_us(0), "sampled": per_op_cost_us(1)}
-    closing_ms = statistics.median(work.closing_s) * 1e3
-    share = 1 / args.sample_every
-    sampled_cost_us = cost_us["always_on"] * (1 - share) + cost_us["sampled"] * share
-    estimated = {  # sampled steps pay the ring record on top, one step in `sample_every`
-        mode: (cost * ops_per_step / 1e3 + closing_ms) / median_ms["off"]
-        for mode, cost in (("always_on_overhead", cost_us["always_on"]),
-                           ("sampled_overhead", sampled_cost_us))
-    }
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(rank_main, args=(args, port, out_dir), nprocs=args.ranks)
+        ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text())
+                 for r in range(args.ranks)]
+        traces = [p.stat().st_size for p in Path(out_dir, "run", "traces").glob("*.json")]
+    load_after = os.getloadavg()[0]
+    # a step costs what its slowest rank costs: take the mean over ranks of each block
+    per_block = {clock: {mode: [statistics.fmean(r[clock][mode][i] for r in ranks)
+                                for i in range(args.rounds)] for mode in MODES}
+                 for clock in ("cpu", "wall")}
     return {
         "benchmark": "timing_overhead",
-        "workload": {"preset": args.preset, "seq_len": args.seq_len,
-                     "micro_batch": args.micro_batch, "threads": args.threads,
+        "workload": {"loop": "engine.runtime.train.Trainer (real)", "preset": args.preset,
+                     "ranks": args.ranks, "seq_len": args.seq_len,
+                     "micro_batch": args.micro_batch, "threads_per_rank": args.threads,
                      "steps_per_mode": args.rounds * args.block,
-                     "sample_every": args.sample_every, "timed_ops_per_step": ops_per_step,
-                     "loop": "stand-in (real model, data, optimizer, gloo all-reduce)"},
-        "median_step_ms": median_ms,
-        "median_step_cpu_ms": median_cpu_ms,
-        "timer_cost_per_op_us": cost_us,
-        "step_end_and_aggregate_ms": closing_ms,
-        "load_average": {"before": load_before[0], "after": load_after[0]},
-        "ratios_clock": "process CPU time per step",
-        "ratios": {mode + "_overhead": median_cpu_ms[mode] / median_cpu_ms["off"] - 1
-                   for mode in MODES[1:]},
-        "wall_ratios": {mode + "_overhead": median_ms[mode] / median_ms["off"] - 1
-                        for mode in MODES[1:]},
-        "estimated_from_cost_per_op": estimated,
+                     "sample_every": args.sample_every,
+                     "timed_ops_per_step": ranks[0]["ops_per_step"],
+                     "sampled_steps": ranks[0]["sampled_steps"]},
+        "median_step_ms": {mode: statistics.median(per_block["wall"][mode]) * 1e3
+                           for mode in MODES},
+        "median_step_cpu_ms": {mode: statistics.median(per_block["cpu"][mode]) * 1e3
+                               for mode in MODES},
+        "trace_mb_per_rank_per_sampled_step": {
+            "max": max(traces) / args.ranks / 1e6, "traces": len(traces), "budget": 2.0},
+        "load_average": {"before": load_before, "after": load_after},
+        # the same overheads from unit costs measured in isolation, immune to machine noise:
+        # timed ops per step x the cost of one, plus one trace per sampling period
+        "accounted": accounted(ranks, statistics.median(per_block["wall"]["off"]), args),
+        "ratios_clock": "process CPU time per step, mean over ranks",
+        "ratios": overheads(per_block["cpu"]),
+        # what the A/B comparison can resolve: the standard error of a mode's block mean,
+        # as a fraction of the step (block-to-block spread of "off" / sqrt(rounds))
+        "ratios_standard_error": statistics.stdev(per_block["cpu"]["off"])
+        / statistics.median(per_block["cpu"]["off"]) / args.rounds ** 0.5,
+        "wall_ratios": overheads(per_block["wall"]),
+        "targets": {"always_on_overhead": 0.005, "sampled_overhead": 0.01},
     }
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)
     json.dump(main(), sys.stdout, indent=2)
     print()

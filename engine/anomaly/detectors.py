@@ -42,9 +42,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     # per-rank compute time over a window: median of the other ranks / rank < score, for
     # `patience` steps in a row. Against the median, not the fastest (one lucky rank must not
     # make all others slow), and 2x (DLRover's rule) rather than NVRx's 0.7: ranks sharing
-    # oversubscribed cores drift 1.5x apart for several steps without being stragglers
+    # oversubscribed cores drift 1.5x apart for several steps without being stragglers, and
+    # one of them starved for two or three steps is not one either: the median over 5 steps
+    # must stay 2x off for 3 steps (a real one is named about 6 steps after it slows down)
     # (the first `warmup` steps, with their allocations and first-call costs, are skipped)
-    "straggler": {"score": 0.5, "window": 3, "patience": 3, "warmup": 10},
+    "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10},
     "hang": {},
     # per layer over a window: mean normalised load entropy below `entropy`, or at least
     # `dead_share` of the experts without a token for the whole window

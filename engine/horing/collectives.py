@@ -29,6 +29,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,12 +39,13 @@ from engine.horing.topology import Topology
 ALGOS = ("native", "ring", "hier", "horing")
 OPS = ("sum", "avg")
 LAYOUTS = ("rank", "nested")
-# HO-Ring pipeline pieces of 4 MiB: every piece costs each stage a few cross-process
-# hand-offs, which on a CPU host shared by many ranks take about a millisecond, so larger
-# pieces pay less of that; 32 MB still makes 8 pieces, enough that the unoverlapped first
-# intra reduce-scatter and last intra all-gather stay short (measured on the emulated 2x2
-# cluster: 1 MiB pieces were slower than 2-8 MiB ones, which were within noise of each other)
-DEFAULT_CHUNK_BYTES = 4 << 20
+# HO-Ring pipeline pieces of 12 MiB: every piece costs each stage a few cross-process
+# hand-offs and a wait on its ring partners, which on a CPU host shared by many ranks take
+# milliseconds, so larger pieces pay less of that; the first and last chunks are cut into
+# quarters, so the unoverlapped first intra reduce-scatter and last intra all-gather stay
+# short (measured on the emulated 2x2 cluster, 32 MB all-reduce, 13 interleaved rounds:
+# 4 MiB 0.173 s, 8 MiB 0.171 s, 12 MiB 0.165 s)
+DEFAULT_CHUNK_BYTES = 12 << 20
 
 Range = tuple[int, int]  # [start, stop) in the flat buffer
 Piece = list[Range]  # what one ring position owns: one or more ranges
@@ -281,9 +283,13 @@ def _ring_reduce_scatter(
     ring: list[int],
     group,
     scratch: Callable[[int], torch.Tensor] | None = None,
+    src: torch.Tensor | None = None,
 ) -> None:
     """Sum `pieces[p]` over the ring so that position p ends holding the total in place.
-    `scratch(numel)` gives the receive buffer (a fresh one when not given)."""
+    `scratch(numel)` gives the receive buffer (a fresh one when not given). With `src` (same
+    length as `flat`) the local contributions are read from `src` instead: every piece this
+    position receives is written once as src + received, so `flat` needs no copy of `src`
+    first (pieces this position never receives are left as they were)."""
     n = len(ring)
     if n == 1:
         return
@@ -294,14 +300,20 @@ def _ring_reduce_scatter(
     for step in range(n - 1):
         # at step s position p passes on its partial sum of piece p-s-1 and adds into p-s-2,
         # so after n-1 steps piece p has visited every position and ends at p
+        # (the piece sent at step 0 is untouched, so it goes out straight from src; each
+        # later one was received, and so written into flat, at the step before)
         send, recv = pieces[(p - step - 1) % n], pieces[(p - step - 2) % n]
         bufs, offset = [], 0
         for a, b in recv:
             bufs.append(recv_space[offset : offset + b - a])
             offset += b - a
-        _exchange(flat, send, bufs, ring[(p + 1) % n], ring[(p - 1) % n], group)
+        origin = src if src is not None and step == 0 else flat
+        _exchange(origin, send, bufs, ring[(p + 1) % n], ring[(p - 1) % n], group)
         for (a, b), buf in zip(recv, bufs, strict=True):
-            flat[a:b].add_(buf)
+            if src is None:
+                flat[a:b].add_(buf)
+            else:
+                torch.add(src[a:b], buf, out=flat[a:b])
 
 
 def _ring_all_gather(flat: torch.Tensor, pieces: list[Piece], ring: list[int], group) -> None:
@@ -320,7 +332,13 @@ def _ring_all_gather(flat: torch.Tensor, pieces: list[Piece], ring: list[int], g
 # ------------------------------------------------------------------------ stages
 
 
-Stage = Callable[[list[Range]], None]  # runs one phase on one chunk, given its W blocks
+Stage = Callable[[list[Range], int], None]  # runs one phase on one chunk (its W blocks) on a lane
+
+
+@dataclass(frozen=True)
+class _Stage:
+    run: Stage
+    lanes: int  # chunks in flight at once, each lane on its own communicator
 
 
 def _stages(
@@ -330,9 +348,12 @@ def _stages(
     kinds: tuple[str, ...],
     scale: float | None,
     space: _Workspace,
-) -> list[Stage]:
+    src: torch.Tensor | None = None,
+) -> list[_Stage]:
     """The phases of a hierarchical collective as functions of a chunk's blocks. `block_of[r]`
-    is the block rank r owns; `scale` divides the owned block after the last reduction."""
+    is the block rank r owns; `scale` divides the owned block after the last reduction; the
+    first reduction reads the local contributions from `src` when given (see
+    `_ring_reduce_scatter`)."""
     me = dist.get_rank()
     node, local = topo.node_of(me), topo.local_rank_of(me)
     intra_ring, rail_ring = topo.node_ranks(node), topo.rail_ranks(local)
@@ -352,61 +373,96 @@ def _stages(
             a, b = blocks[block_of[me]]
             flat[a:b].div_(scale)
 
-    last_reduction = "inter_rs" if topo.nodes > 1 else "intra_rs"
-    runs = {
-        "intra_rs": lambda blocks: _ring_reduce_scatter(
-            flat, intra_pieces(blocks), intra_ring, topo.intra, scratch("intra_rs")
-        ),
-        "inter_rs": lambda blocks: _ring_reduce_scatter(
-            flat, rail_pieces(blocks), rail_ring, topo.inter, scratch("inter_rs")
-        ),
-        "inter_ag": lambda blocks: _ring_all_gather(
-            flat, rail_pieces(blocks), rail_ring, topo.inter_ag
-        ),
-        "intra_ag": lambda blocks: _ring_all_gather(
-            flat, intra_pieces(blocks), intra_ring, topo.intra_ag
-        ),
-    }
     trivial = {"intra_rs", "intra_ag"} if topo.procs_per_node == 1 else set()
     trivial |= {"inter_rs", "inter_ag"} if topo.nodes == 1 else set()
-    stages: list[Stage] = []
-    for kind in kinds:
-        if kind in trivial:
-            continue
-        if kind == last_reduction:
-            stages.append(lambda blocks, run=runs[kind]: (run(blocks), finish(blocks)))
-        else:
-            stages.append(runs[kind])
-    if not stages and "intra_rs" in kinds:  # a world of one: nothing moves, only the scale
-        stages.append(finish)
-    return stages
+    kinds = tuple(kind for kind in kinds if kind not in trivial)
+    reductions = [kind for kind in kinds if kind.endswith("_rs")]
+    # a lone inter stage (a reduce-scatter's or an all-gather's) runs two chunks at once, on
+    # the rail's two communicators: while one lane waits on its partner or on its thread
+    # being scheduled, the other keeps the NIC busy (an all-reduce's inter RS and inter AG
+    # already overlap each other that way; giving each of them a second lane as well was
+    # slower, measured: more threads competing for the host's cores)
+    inter_lanes = 2 if sum(kind.startswith("inter") for kind in kinds) == 1 else 1
+    rails = {"inter_rs": (topo.inter, topo.inter_ag), "inter_ag": (topo.inter_ag, topo.inter)}
+
+    def reduce(kind: str) -> Stage:
+        def run(blocks: list[Range], lane: int) -> None:
+            origin = src if kind == reductions[0] else None
+            if kind == "intra_rs":
+                pieces, ring, group = intra_pieces(blocks), intra_ring, topo.intra
+            else:
+                pieces, ring, group = rail_pieces(blocks), rail_ring, rails[kind][lane]
+            _ring_reduce_scatter(flat, pieces, ring, group, scratch(f"{kind}{lane}"), origin)
+            if kind == reductions[-1]:
+                finish(blocks)
+
+        return run
+
+    def gather(kind: str) -> Stage:
+        def run(blocks: list[Range], lane: int) -> None:
+            if kind == "intra_ag":
+                _ring_all_gather(flat, intra_pieces(blocks), intra_ring, topo.intra_ag)
+            else:
+                _ring_all_gather(flat, rail_pieces(blocks), rail_ring, rails[kind][lane])
+
+        return run
+
+    return [
+        _Stage(
+            reduce(kind) if kind in reductions else gather(kind),
+            inter_lanes if kind.startswith("inter") else 1,
+        )
+        for kind in kinds
+    ]
 
 
-def _run(stages: list[Stage], chunks: list[list[Range]], pipelined: bool) -> None:
+def _run(stages: list[_Stage], chunks: list[list[Range]], pipelined: bool) -> None:
     """Push every chunk through every stage: stage by stage, or as a pipeline with one thread
-    per stage (each stage owns its communicator, so the threads never share one)."""
-    if not pipelined or len(stages) < 2 or len(chunks) < 2:
+    per stage lane (each lane owns its communicator, so the threads never share one). Lane l
+    of a stage takes the chunks i with i % lanes == l, in order, so every rank runs the same
+    sequence of collectives on every communicator."""
+    if not pipelined or len(chunks) < 2:
         for stage in stages:
             for chunk in chunks:
-                stage(chunk)
+                stage.run(chunk, 0)
         return
     errors: list[BaseException] = []
-    links = [queue.SimpleQueue() for _ in range(len(stages) + 1)]
-    for chunk in chunks:
-        links[0].put(chunk)
-    links[0].put(None)
+    # inbox[s][u][l]: the chunks lane u of stage s-1 passes to lane l of stage s, in order
+    # (stage 0 has one upstream lane: the chunks in order)
+    upstream_lanes = [1] + [stage.lanes for stage in stages[:-1]]
+    inbox = [
+        [[queue.SimpleQueue() for _ in range(stage.lanes)] for _ in range(ups)]
+        for ups, stage in zip(upstream_lanes, stages, strict=True)
+    ]
+    for i, chunk in enumerate(chunks):
+        inbox[0][0][i % stages[0].lanes].put(chunk)
 
-    def work(index: int) -> None:
-        while (chunk := links[index].get()) is not None:
-            try:
-                stages[index](chunk)
-            except BaseException as error:  # noqa: BLE001 - re-raised by the caller
-                errors.append(error)
-                break
-            links[index + 1].put(chunk)
-        links[index + 1].put(None)
+    def work(index: int, lane: int) -> None:
+        stage = stages[index]
+        upstream = inbox[index]
+        try:
+            for i in range(lane, len(chunks), stage.lanes):
+                chunk = upstream[i % len(upstream)][lane].get()
+                if chunk is None:  # an earlier stage failed
+                    break
+                stage.run(chunk, lane)
+                if index + 1 < len(stages):
+                    nxt = stages[index + 1].lanes
+                    inbox[index + 1][lane][i % nxt].put(chunk)
+        except BaseException as error:  # noqa: BLE001 - re-raised by the caller
+            errors.append(error)
+        finally:
+            # wake every later lane that may be waiting on this one (a no-op after success:
+            # they read only as many chunks as were sent)
+            if errors and index + 1 < len(stages):
+                for q in inbox[index + 1][lane]:
+                    q.put(None)
 
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(stages))]
+    threads = [
+        threading.Thread(target=work, args=(i, lane), daemon=True)
+        for i, stage in enumerate(stages)
+        for lane in range(stage.lanes)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -475,12 +531,13 @@ def _flat_ring(
     phases: tuple[str, ...],
     scale: float | None,
     space: _Workspace,
+    src: torch.Tensor | None = None,
 ) -> None:
     ring = list(range(topo.world_size))
     pieces = [[blocks[block_of[r]]] for r in ring]
     if "rs" in phases:
         scratch = lambda numel: space.buffer("ring", flat, numel)  # noqa: E731
-        _ring_reduce_scatter(flat, pieces, ring, topo.global_group, scratch)
+        _ring_reduce_scatter(flat, pieces, ring, topo.global_group, scratch, src)
         if scale is not None:
             a, b = blocks[block_of[dist.get_rank()]]
             flat[a:b].div_(scale)
@@ -517,15 +574,19 @@ def _reduce_scatter(
         reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
         dist.reduce_scatter_single(output, work, op=reduce_op, group=topo.global_group)
         return
-    work[: input.numel()].copy_(input)
-    work[input.numel() :].zero_()
+    # an unpadded input is read in place by the first reduction (no copy of it up front, on
+    # the critical path); a padded one, or a world of one, goes through a zero-padded copy
+    src = input if input.numel() == work.numel() and world > 1 else None
+    if src is None:
+        work[: input.numel()].copy_(input)
+        work[input.numel() :].zero_()
     scale = world if op == "avg" else None
     count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
     chunks = _block_chunks(shard, world, count)
     if algo == "ring":
-        _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale, space)
+        _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale, space, src)
     else:
-        stages = _stages(work, topo, block_of, _RS_STAGES, scale, space)
+        stages = _stages(work, topo, block_of, _RS_STAGES, scale, space, src)
         _run(stages, chunks, pipelined=algo == "horing")
     mine = block_of[me] * shard
     output.copy_(work[mine : mine + shard])

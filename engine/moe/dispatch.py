@@ -13,9 +13,10 @@
 - `loop`: one masked matmul pair per expert. The test oracle.
 
 The gather into slots and the sum back out are custom autograd functions that are each
-other's transpose, so both directions of both are gathers (`index_select`); autograd's
-default for fancy indexing would scatter-add rows in the backward pass, which is several
-times slower on CPU.
+other's transpose, so both directions of both are gathers: `index_select` into slots and
+`embedding_bag(mode="sum")` (a fused gather-and-sum) back to tokens. Autograd's default for
+fancy indexing would scatter-add rows in the backward pass, which is several times slower on
+CPU; the bag sum is 10x faster than permuting the slot rows and adding them.
 """
 
 from __future__ import annotations
@@ -75,13 +76,10 @@ def sort_slots(idx: torch.Tensor, num_experts: int) -> SlotOrder:
 
 
 def _sum_slots(rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
-    """Sorted slot rows [T*k, d] -> per-token sums [T, d], in slot order (deterministic).
-    k explicit adds: `.sum(1)` over the middle axis is several times slower on CPU."""
-    slots = rows.index_select(0, order.sorted_of_slot).view(-1, order.top_k, rows.shape[-1])
-    total = slots[:, 0].clone()
-    for j in range(1, order.top_k):
-        total += slots[:, j]
-    return total
+    """Sorted slot rows [T*k, d] -> per-token sums [T, d], in slot order (deterministic):
+    token t's bag is the rows of its k slots."""
+    bags = order.sorted_of_slot.view(-1, order.top_k)
+    return F.embedding_bag(bags, rows, mode="sum")
 
 
 class _GatherSlots(torch.autograd.Function):
@@ -132,12 +130,16 @@ def grouped_mm_supports(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
 class _GroupedExperts(torch.autograd.Function):
     """The experts' SwiGLU over sorted slot rows as grouped matmuls, with a hand-written
     backward: every weight gradient comes out of one grouped matmul already in the
-    parameter's [E, out, in] layout, and only the gate/up activations are kept for it."""
+    parameter's [E, out, in] layout, and only the gate/up activations are kept for it.
+    The elementwise steps work in place and write the two halves of the gate/up gradient
+    straight into one buffer: each fresh [rows, width] tensor costs page faults on CPU."""
 
     @staticmethod
     def forward(ctx, xs, w_sorted, gate_up, down, offsets):
         h = grouped_mm(xs, gate_up.transpose(-2, -1), offsets)
-        ys = grouped_mm(_swiglu(h) * w_sorted.unsqueeze(-1), down.transpose(-2, -1), offsets)
+        gate, up = h.chunk(2, dim=-1)
+        act_w = F.silu(gate).mul_(up).mul_(w_sorted.unsqueeze(-1))
+        ys = grouped_mm(act_w, down.transpose(-2, -1), offsets)
         ctx.save_for_backward(xs, w_sorted, gate_up, down, offsets, h)
         return ys
 
@@ -146,14 +148,17 @@ class _GroupedExperts(torch.autograd.Function):
         xs, w_sorted, gate_up, down, offsets, h = ctx.saved_tensors
         d_ys = d_ys.contiguous()
         gate, up = h.chunk(2, dim=-1)
+        w = w_sorted.unsqueeze(-1)
         silu_gate = F.silu(gate)
         act = silu_gate * up
-        w = w_sorted.unsqueeze(-1)
-        d_act_w = grouped_mm(d_ys, down, offsets)
-        d_down = grouped_mm(d_ys.T, act * w, offsets)
-        d_w_sorted = (d_act_w * act).sum(-1)
-        d_act = d_act_w * w
-        d_h = torch.cat([torch.ops.aten.silu_backward(d_act * up, gate), d_act * silu_gate], -1)
+        d_act = grouped_mm(d_ys, down, offsets)  # d(act * w); times w below: d(act)
+        d_w_sorted = (d_act * act).sum(-1)
+        d_down = grouped_mm(d_ys.T, act.mul_(w), offsets)
+        d_act.mul_(w)
+        d_h = torch.empty_like(h)
+        d_gate, d_up = d_h.chunk(2, dim=-1)
+        torch.mul(d_act, silu_gate, out=d_up)
+        torch.ops.aten.silu_backward.grad_input(d_act.mul_(up), gate, grad_input=d_gate)
         d_gate_up = grouped_mm(d_h.T, xs, offsets)
         d_xs = grouped_mm(d_h, gate_up, offsets)
         return d_xs, d_w_sorted, d_gate_up, d_down, None

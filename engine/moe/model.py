@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.moe.config import MoEConfig
-from engine.moe.dispatch import routed_experts, sort_slots
+from engine.moe.dispatch import SlotOrder, routed_experts, sort_slots
 from engine.moe.router import Router
 
 IGNORE_INDEX = -100
@@ -115,6 +115,26 @@ class RoutedExperts(nn.Module):
         e, d, f = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.gate_up = nn.Parameter(torch.empty(e, 2 * f, d))  # gate rows first
         self.down = nn.Parameter(torch.empty(e, d, f))
+        self.impl = config.moe_impl
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor,
+                order: SlotOrder | None) -> torch.Tensor:
+        """The weighted sum of each token's selected experts (a module, so it can be timed)."""
+        return routed_experts(x, idx, weight, self.gate_up, self.down, self.impl, order)
+
+
+class LMHead(nn.Linear):
+    """The output projection; NormHead divides W by its detached column norm."""
+
+    def __init__(self, dim: int, vocab_size: int, norm_head: bool):
+        super().__init__(dim, vocab_size, bias=False)
+        self.norm_head = norm_head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if self.norm_head:
+            weight = weight / (weight.detach().norm(dim=0, keepdim=True) + 1e-7)
+        return F.linear(h, weight)
 
 
 class MoE(nn.Module):
@@ -153,8 +173,7 @@ class MoE(nn.Module):
             self.tokens_per_expert += counts
             self.last_z_loss.copy_(routing.z_loss.detach())
             self.last_logit_max.copy_(routing.logit_absmax)
-        gate_up, down = self.experts.gate_up, self.experts.down
-        y = routed_experts(x, routing.idx, routing.weight, gate_up, down, impl, order)
+        y = self.experts(x, routing.idx, routing.weight, order)
         if self.shared is not None:
             y = y + self.shared(x)
         return y.view(shape), routing.z_loss, routing.aux_loss
@@ -217,7 +236,8 @@ class MoEModel(nn.Module):
             Block(c, moe=i >= c.first_k_dense_replace) for i in range(c.num_hidden_layers)
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = LMHead(c.hidden_size, c.vocab_size, c.norm_head)
+        self.cross_entropy = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
         self.mtp = nn.ModuleList(MTPLayer(c) for _ in range(c.num_nextn_predict_layers))
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -248,13 +268,6 @@ class MoEModel(nn.Module):
                 nn.init.normal_(module.up_proj.weight, 0.0, std)
                 nn.init.normal_(module.down_proj.weight, 0.0, out_std)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on normalised hidden states; NormHead divides W by its detached column norm."""
-        weight = self.lm_head.weight
-        if self.config.norm_head:
-            weight = weight / (weight.detach().norm(dim=0, keepdim=True) + 1e-7)
-        return F.linear(h, weight)
-
     def forward(
         self, input_ids: torch.Tensor, labels: torch.Tensor, return_logits: bool = False
     ) -> ModelOutput:
@@ -279,8 +292,8 @@ class MoEModel(nn.Module):
             h, z_loss, aux_loss = layer(h, cos, sin)
             z_losses.append(z_loss)
             aux_losses.append(aux_loss)
-        logits = self.logits(self.norm(h))
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        logits = self.lm_head(self.norm(h))
+        ce = self.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         loss = ce
 
         if self.training and len(self.mtp):
@@ -290,9 +303,9 @@ class MoEModel(nn.Module):
                 h, z_loss, aux_loss = mtp(embedded_next, h, cos, sin)
                 z_losses.append(z_loss)
                 aux_losses.append(aux_loss)
-                mtp_logits = self.logits(mtp.final_norm(h)).flatten(0, 1).float()
+                mtp_logits = self.lm_head(mtp.final_norm(h)).flatten(0, 1).float()
                 mtp_labels = _shift_left(labels, depth, IGNORE_INDEX).flatten()
-                mtp_ce.append(F.cross_entropy(mtp_logits, mtp_labels, ignore_index=IGNORE_INDEX))
+                mtp_ce.append(self.cross_entropy(mtp_logits, mtp_labels))
             loss = loss + c.mtp_loss_scaling_factor * torch.stack(mtp_ce).mean()
         if c.z_loss_coef and z_losses:
             loss = loss + c.z_loss_coef * torch.stack(z_losses).sum()

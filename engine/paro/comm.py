@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import engine.horing
 from engine.horing.topology import Topology
+from engine.xputimer import OpTimer
 
 COLLECTIVES = ("native", "ring", "hier", "horing")
 
@@ -38,7 +39,10 @@ class CommStats:
 
 
 class Comm:
-    def __init__(self, topo: Topology, collective: str = "native"):
+    """`timer` times every collective as op "<collective>.<group>" with its bytes, group and
+    algorithm (XPUTimer's collective ops); without one nothing is timed."""
+
+    def __init__(self, topo: Topology, collective: str = "native", timer: OpTimer | None = None):
         if collective not in COLLECTIVES:
             raise ValueError(
                 f"collective must be one of {', '.join(COLLECTIVES)}; got {collective!r}"
@@ -48,6 +52,8 @@ class Comm:
         self.topo = topo
         self.collective = collective
         self.stats = CommStats()
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self.timer = timer if timer is not None else OpTimer(enabled=False, ring_capacity=1)
 
     def reset(self) -> None:
         self.stats = CommStats()
@@ -55,15 +61,18 @@ class Comm:
     # ---- one tier: "intra" (this rank's group) or "inter" (this rank's rail) -----------
 
     def reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
-        """Sum `full` over the tier's group; return this rank's 1/n slice (in group order)."""
+        """Sum `full` over the tier's group; return this rank's 1/n slice (in group order). On
+        gloo the slice is a view into a buffer that the next reduce-scatter on the same tier
+        overwrites: use it before then."""
         n = self._members(tier)
         if not self._count(tier, _nbytes(full), 1):
             return full.clone()
-        if dist.get_backend() == "gloo":
-            return self._ring_reduce_scatter(tier, full)
-        out = full.new_empty(full.numel() // n)
-        dist.reduce_scatter_single(out, full, group=self._group(tier))
-        return out
+        with self._timed("reduce_scatter", tier, full):
+            if dist.get_backend() == "gloo":
+                return self._ring_reduce_scatter(tier, full)
+            out = full.new_empty(full.numel() // n)
+            dist.reduce_scatter_single(out, full, group=self._group(tier))
+            return out
 
     def all_gather(
         self, tier: str, shard: torch.Tensor, out: torch.Tensor | None = None
@@ -74,16 +83,18 @@ class Comm:
         if not self._count(tier, _nbytes(out), 1):
             out.copy_(shard)
             return out
-        if dist.get_backend() == "gloo":
-            self._ring_all_gather(tier, shard, out)
-        else:
-            dist.all_gather_single(out, shard, group=self._group(tier))
+        with self._timed("all_gather", tier, out):
+            if dist.get_backend() == "gloo":
+                self._ring_all_gather(tier, shard, out)
+            else:
+                dist.all_gather_single(out, shard, group=self._group(tier))
         return out
 
     def all_reduce(self, tier: str, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the tier's group, in place."""
         if self._count(tier, _nbytes(tensor), 2):
-            dist.all_reduce(tensor, group=self._group(tier))
+            with self._timed("all_reduce", tier, tensor):
+                dist.all_reduce(tensor, group=self._group(tier))
         return tensor
 
     # ---- global, in the nested layout ---------------------------------------------------
@@ -94,7 +105,8 @@ class Comm:
             return self.reduce_scatter("inter", self.reduce_scatter("intra", full))
         self._count_global(full)
         out = full.new_empty(full.numel() // self.topo.world_size)
-        engine.horing.reduce_scatter(out, full, self.topo, self.collective, layout="nested")
+        with self._timed("reduce_scatter", "global", full):
+            engine.horing.reduce_scatter(out, full, self.topo, self.collective, layout="nested")
         return out
 
     def global_all_gather(self, block: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -102,7 +114,8 @@ class Comm:
         if self.collective == "native":
             return self.all_gather("intra", self.all_gather("inter", block), out=out)
         self._count_global(out)
-        engine.horing.all_gather(out, block, self.topo, self.collective, layout="nested")
+        with self._timed("all_gather", "global", out):
+            engine.horing.all_gather(out, block, self.topo, self.collective, layout="nested")
         return out
 
     def global_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -111,7 +124,8 @@ class Comm:
             shard = self.all_reduce("inter", self.reduce_scatter("intra", tensor))
             return self.all_gather("intra", shard, out=tensor)
         self._count_global(tensor, all_reduce=True)
-        engine.horing.all_reduce(tensor, self.topo, self.collective)
+        with self._timed("all_reduce", "global", tensor):
+            engine.horing.all_reduce(tensor, self.topo, self.collective)
         return tensor
 
     # gloo's reduce_scatter is an all-reduce underneath (twice the bytes on the NIC, measured
@@ -119,15 +133,33 @@ class Comm:
     # on gloo both are rings of point-to-point sends.
 
     def _ring_reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
-        """Step s: position i passes its partial sum of chunk i-s-1 on and adds chunk i-s-2."""
+        """Step s: position i passes its partial sum of chunk i-s-1 on and adds chunk i-s-2.
+
+        `full` is read in place: each chunk this position receives is written once, as its own
+        part plus the partial sum that arrived, into a buffer this tier reuses (fresh buffers
+        of many MB cost a page fault per 4 KiB, which on a CPU host shared by the ranks took
+        as long as the transfer). The result is a view into that buffer, valid until the next
+        reduce-scatter on this tier."""
         ring, pos = self._ring(tier)
         n = len(ring)
-        chunks = full.clone().view(n, -1)
-        incoming = torch.empty_like(chunks[0])
+        chunks = full.view(n, -1)
+        partial = self._buffer(f"reduce_scatter.{tier}", full).view(n, -1)
+        incoming = self._buffer(f"incoming.{tier}", chunks[0])
         for step in range(n - 1):
-            self._shift(tier, ring, pos, chunks[(pos - step - 1) % n], incoming)
-            chunks[(pos - step - 2) % n] += incoming
-        return chunks[pos].clone()
+            # the chunk sent at step 0 is untouched, the later ones arrived the step before
+            source = chunks if step == 0 else partial
+            self._shift(tier, ring, pos, source[(pos - step - 1) % n], incoming)
+            into = (pos - step - 2) % n
+            torch.add(chunks[into], incoming, out=partial[into])
+        return partial[pos]
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A reusable 1-D buffer with `like`'s numel, dtype and device."""
+        key = (name, like.dtype, like.device)
+        held = self._buffers.get(key)
+        if held is None or held.numel() < like.numel():
+            held = self._buffers[key] = like.new_empty(like.numel())
+        return held[: like.numel()]
 
     def _ring_all_gather(self, tier: str, shard: torch.Tensor, out: torch.Tensor) -> None:
         """Step s: position i passes chunk i-s on and receives chunk i-s-1."""
@@ -156,7 +188,21 @@ class Comm:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
-    # ---- counting -----------------------------------------------------------------------
+    # ---- timing and counting ------------------------------------------------------------
+
+    def _timed(self, collective: str, group: str, full: torch.Tensor):
+        """A span for one collective over `full` (the unsharded tensor) on `group`: intra,
+        inter (this rank's rail) or global. On gloo a one-tier reduce-scatter or all-gather is
+        our point-to-point ring; on NCCL (and for all-reduce) torch.distributed's own."""
+        if group == "global":
+            algo, members = self.collective, self.topo.world_size
+        else:
+            members = self._members(group)
+            ours = collective != "all_reduce" and dist.get_backend() == "gloo"
+            algo = "ring" if ours else "native"
+        return self.timer.op(f"{collective}.{group}", kind="collective", nbytes=_nbytes(full),
+                             group=group, algo=algo, collective=collective, group_size=members)
+
 
     def _count_global(self, full: torch.Tensor, all_reduce: bool = False) -> None:
         """As the native composition: an all-reduce is intra RS, rail AR, intra AG."""

@@ -30,6 +30,7 @@ from engine.horing.topology import Topology
 from engine.paro.comm import Comm
 from engine.paro.layout import ShardLayout
 from engine.paro.strategy import parse_strategy
+from engine.xputimer import OpTimer
 
 STATE_KINDS = ("params", "exp_avg", "exp_avg_sq")
 
@@ -46,6 +47,7 @@ class ShardedDataParallel:
         weight_decay: float = 0.1,
         grad_accum: int = 1,
         collective: str = "native",
+        timer: OpTimer | None = None,
     ):
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be at least 1, got {grad_accum}")
@@ -64,7 +66,8 @@ class ShardedDataParallel:
 
         self.module = model
         self.strategy = parse_strategy(strategy)
-        self.comm = Comm(topo, collective)
+        self.comm = Comm(topo, collective, timer)
+        self.timer = self.comm.timer  # forward, backward and the collectives; off without one
         self.topo = topo
         # lr is validated here; step() takes the scheduled value
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
@@ -104,6 +107,7 @@ class ShardedDataParallel:
         self._exp_avg = torch.zeros_like(self._master)
         self._exp_avg_sq = torch.zeros_like(self._master)
         self._grad = full.new_zeros(lay.size(s.grads))
+        self._local_grad = full.new_zeros(lay.padded)
         self._decay_ranges = self._owned_ranges(lambda p: p.ndim >= 2, s.optim)
         if s.params != "N":
             self._free_params()
@@ -120,10 +124,12 @@ class ShardedDataParallel:
         if self._micro_steps == 0:
             self.comm.reset()  # comm_stats() covers one optimizer step
         self._gather_params()
-        output = self.module(input_ids, labels)
+        with self.timer.op("forward"):
+            output = self.module(input_ids, labels)
         self._free_params()
         self._gather_params()
-        (output.loss / self.grad_accum).backward()
+        with self.timer.op("backward"):
+            (output.loss / self.grad_accum).backward()
         grad = self._take_local_grad()
         self._free_params()
         level = self.strategy.grads
@@ -161,10 +167,12 @@ class ShardedDataParallel:
         # The global norm sums each element once: over the world for G shards, over the
         # group for I shards (identical in every group), locally for replicated N.
         norm_sq = grad.pow(2).sum()
-        if s.optim == "G":
-            dist.all_reduce(norm_sq)
-        elif s.optim == "I":
-            dist.all_reduce(norm_sq, group=self.topo.intra)
+        if s.optim in ("G", "I"):
+            group, members = (("global", self.topo.world_size) if s.optim == "G"
+                              else ("intra", self.topo.procs_per_node))
+            with self.timer.op(f"grad_norm.{group}", kind="collective", nbytes=4, group=group,
+                               algo="native", collective="all_reduce", group_size=members):
+                dist.all_reduce(norm_sq, group=self.topo.intra if s.optim == "I" else None)
         norm = float(norm_sq.sqrt())
         if grad_clip > 0 and math.isfinite(norm):
             grad.mul_(min(1.0, grad_clip / (norm + 1e-6)))
@@ -276,11 +284,15 @@ class ShardedDataParallel:
             self._full.untyped_storage().resize_(0)
 
     def _take_local_grad(self) -> torch.Tensor:
-        grad = self._full.new_zeros(self.layout.padded)
+        """This micro-step's gradients as one flat buffer (reused every micro-step: a fresh one
+        of the model's size would page-fault its way in each time); the padding stays zero."""
+        grad = self._local_grad
         for p, off in zip(self._params, self._offsets, strict=True):
             if p.grad is not None:
                 grad[off : off + p.numel()].copy_(p.grad.reshape(-1))
                 p.grad = None
+            else:
+                grad[off : off + p.numel()].zero_()
         return grad
 
     @torch.no_grad()

@@ -24,7 +24,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from engine.checkpoint import default_memory_dir, list_checkpoints
 from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
-from engine.runtime.spec import JobSpec, parse_spec
+from engine.runtime.spec import JobSpec, parse_spec, with_layout
 from engine.runtime.train import Outcome, Trainer
 
 EXIT_COMPLETED = 0
@@ -156,8 +156,7 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
         # global batch stays the same, so the loss curve continues as if nothing happened
         world = outcome.parallel["nodes"] * outcome.parallel["procs_per_node"]
         micro_batch = spec.train.micro_batch * spec.parallel.world_size // world
-        spec = parse_spec({**spec.to_dict(), "parallel": outcome.parallel,
-                           "train": {**dataclasses.asdict(spec.train), "micro_batch": micro_batch}})
+        spec = parse_spec(with_layout(spec.to_dict(), outcome.parallel, micro_batch))
         target = dataclasses.replace(target, resume_from=directory)
         target.emit("state", outcome.step, state="resharding", parallel=outcome.parallel,
                     micro_batch=micro_batch)

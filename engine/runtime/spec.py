@@ -64,6 +64,8 @@ class TrainSpec:
     seed: int = 0
     eval_every: int = 50
     eval_batches: int = 4
+    # steps between full per-op timelines (Chrome traces); 0 = on request and after anomalies
+    trace_every: int = 500
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = 0  # torch intra-op threads per rank; 0 = cores / ranks
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
@@ -158,6 +160,22 @@ def parse_spec(data: Any) -> JobSpec:
     return spec
 
 
+def with_layout(data: dict[str, Any], parallel: dict[str, Any],
+                micro_batch: int | None = None) -> dict[str, Any]:
+    """Spec data as it is after a reshard onto `parallel` (and `micro_batch`, the per-rank
+    share of the same global batch): injected faults on ranks the new layout lacks are
+    dropped, since the rank they name is no longer part of the job."""
+    parallel = {**data.get("parallel", {}), **parallel}
+    world = int(parallel.get("nodes", 1)) * int(parallel.get("procs_per_node", 1))
+    faults = data.get("faults", {})
+    inject = [i for i in faults.get("inject", [])
+              if not isinstance(i, dict) or int(i.get("rank", 0)) < world]
+    spec = {**data, "parallel": parallel, "faults": {**faults, "inject": inject}}
+    if micro_batch is not None:
+        spec["train"] = {**data.get("train", {}), "micro_batch": micro_batch}
+    return spec
+
+
 def _add_new(errors: dict[str, str], found: dict[str, str]) -> None:
     """Add errors for fields that have none yet: a field that failed its type check was
     defaulted, and a check across fields must not blame it a second time."""
@@ -181,6 +199,7 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
     for path, value in [
         ("train.warmup", t.warmup), ("train.eval_every", t.eval_every),
         ("train.threads", t.threads), ("train.seed", t.seed),
+        ("train.trace_every", t.trace_every),
         ("checkpoint.every", c.every), ("checkpoint.memory_every", c.memory_every),
         ("faults.policy.max_restarts", spec.faults.policy.max_restarts),
     ]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from engine.anomaly import Anomaly, Decision, FaultInjector, FaultManager
 from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_checkpoints, restore
@@ -27,13 +28,20 @@ from engine.checkpoint.layout import step_dir_name
 from engine.horing import Topology
 from engine.horing.cost import calibrate
 from engine.moe import MoEModel
-from engine.moe.model import Attention, ModelOutput, RMSNorm, RoutedExperts, SwiGLU
+from engine.moe.model import (
+    Attention,
+    LMHead,
+    ModelOutput,
+    RMSNorm,
+    RoutedExperts,
+    SwiGLU,
+)
 from engine.moe.router import Router
 from engine.paro import ShardedDataParallel, plan
 from engine.runtime.control import Command, ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.events import EventLog
-from engine.runtime.spec import JobSpec, SpecError, TrainSpec, parse_spec
+from engine.runtime.spec import JobSpec, SpecError, TrainSpec, parse_spec, with_layout
 from engine.xputimer import (
     HangWatchdog,
     MetricsServer,
@@ -43,13 +51,35 @@ from engine.xputimer import (
     time_modules,
     write_trace,
 )
+from engine.xputimer.system import SystemSampler
 
-TRACE_EVERY = 500  # steps between full-timeline samples (and after every anomaly)
 EXIT_HANG = 87  # a rank's watchdog ended it; the launcher restarts the ranks
 
 # the model's parts timed on every forward (XPUTimer's op classes)
 TIMED_MODULES = {Attention: "matmul", Router: "compute", RoutedExperts: "matmul",
-                 SwiGLU: "matmul", RMSNorm: "compute"}
+                 SwiGLU: "matmul", RMSNorm: "compute", LMHead: "matmul",
+                 nn.CrossEntropyLoss: "compute"}
+
+
+def matrix_weights(module: nn.Module) -> int:
+    """The number of weights in a module's matrices (what its matmuls multiply by)."""
+    return sum(p.numel() for p in module.parameters() if p.dim() >= 2)
+
+
+def forward_flops(module: nn.Module, args: tuple, top_k: int, weights: int) -> int:
+    """FLOPs of one forward call of a timed matmul module with `weights` matrix weights: 2 per
+    multiply-add (a token meets every one of a dense module's and `top_k` experts' worth of a
+    routed module's), plus the causal score and value products of attention."""
+    x = args[0]
+    tokens = x.numel() // x.shape[-1]
+    if isinstance(module, RoutedExperts):
+        experts = module.gate_up.shape[0]
+        return 2 * tokens * top_k * weights // experts
+    flops = 2 * tokens * weights
+    if isinstance(module, Attention):
+        seq = x.shape[-2]
+        flops += 2 * tokens * seq * module.heads * module.head_dim  # (QK^T + PV) / 2, causal
+    return flops
 
 
 def lr_at(step: int, train: TrainSpec) -> float:
@@ -195,9 +225,12 @@ class Trainer:
         self.strategy = choose_strategy(spec, self.topo, self.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = MoEModel(spec.model).to(self.device)
+        # timing and fault handling: every rank times its own ops and runs the detectors;
+        # aggregation and decisions are collective, so all ranks act alike
+        self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=t.trace_every)
         self.dp = ShardedDataParallel(
             self.model, self.topo, self.strategy, lr=t.lr, weight_decay=t.weight_decay,
-            grad_accum=t.grad_accum, collective=p.collective,
+            grad_accum=t.grad_accum, collective=p.collective, timer=self.timer,
         )
         self.ckpt = Checkpointer(
             spec.checkpoint.dir or run_dir / "checkpoints",
@@ -207,10 +240,8 @@ class Trainer:
             meta={"strategy": self.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
                   "name": spec.name},
         )
-        # timing and fault handling: every rank times its own ops and runs the detectors;
-        # aggregation and decisions are collective, so all ranks act alike
-        self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=TRACE_EVERY)
-        time_modules(self.model, self.timer, TIMED_MODULES)
+        self._module_timing: list = []
+        self.set_timing(True)
         self.aggregator = OpAggregator()
         self.metrics_server = None
         if self.rank == 0 and metrics_port is not None:  # Prometheus text, for a Grafana
@@ -220,12 +251,12 @@ class Trainer:
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
         self.watchdog = HangWatchdog(self.timer, spec.faults.policy.hang_timeout_s,
-                                     run_dir / "hangs", on_hang=self._on_hang).start()
+                                     run_dir / "hangs", on_hang=self._on_hang)
         self._signals: dict = {}  # the previous step's throughput, memory, ops and experts
         self._trace_next = False
         if (run_dir / "faults").is_dir():
             self._publish_hang_reports()
-        self._process = psutil.Process()
+        self.system = SystemSampler(self.device)
         if resume_from:
             self.resume(resume_from)
 
@@ -246,7 +277,8 @@ class Trainer:
 
     def save_checkpoint(self, to_disk: bool = True) -> Path:
         state = self.dp.sharded_state()
-        blocking_s = self.ckpt.save(self.step, state, self._extras(), to_disk=to_disk)
+        with self.timer.op("checkpoint", kind="host"):  # the blocking part: the copy to host
+            blocking_s = self.ckpt.save(self.step, state, self._extras(), to_disk=to_disk)
         directory = self.ckpt.directory if to_disk else self.ckpt.memory_dir
         path = directory / step_dir_name(self.step)
         self._emit(
@@ -385,8 +417,7 @@ class Trainer:
 
         # the first collective after the forward-backward: where faster ranks wait for a
         # straggler, so it is timed as a collective (untimed waits would look like compute)
-        with self.timer.op("fault_agreement", kind="collective", nbytes=16, group="global",
-                           collective="all_reduce", group_size=self.world_size):
+        with self._all_reduce_span("fault_agreement", nbytes=16):
             decision = self._respond(float(ce_sum) / t.grad_accum)
         lr = lr_at(self.step, t)
         action = decision.action if decision is not None else "observe"
@@ -437,26 +468,29 @@ class Trainer:
             torch.tensor([float(len(self._pending))], device=self.device),
             counts.reshape(-1),
         ]).float()
-        with self.timer.op("metrics_all_reduce", kind="collective", group="global",
-                           nbytes=packed.numel() * packed.element_size(),
-                           collective="all_reduce", group_size=self.world_size):
+        with self._all_reduce_span("metrics_all_reduce", packed.numel() * packed.element_size()):
             dist.all_reduce(packed)
         loss = float(packed[0]) / self.world_size
         self._commands_due = int(packed[1])
         counts = packed[2:].view_as(counts)
         self.model.update_expert_bias(counts)
-        # the step event reports the worst rank: memory, state bytes and traffic in one MAX
-        rss = self._process.memory_info().rss
+        # the step event reports the worst rank in one MAX: memory, state bytes, traffic and
+        # the step time (a synchronous step is as slow as its slowest rank, and every rank's
+        # throughput detector must see the same number to agree on a drop)
+        system = self.system.sample()
+        rss = int(system["rss_bytes"])
         state, comm = self.dp.state_bytes(), self.dp.comm_stats()
-        worst = torch.tensor([rss, *state.values(), *comm.values()], dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        worst_rss, *rest = (int(v) for v in worst.tolist())
+        worst = torch.tensor([time.perf_counter() - started, rss, *state.values(),
+                              *comm.values()], dtype=torch.float64)
+        with self._all_reduce_span("worst_all_reduce", worst.numel() * worst.element_size()):
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        step_time, *rest = worst.tolist()
+        worst_rss, *rest = (int(v) for v in rest)
         state = dict(zip(state, rest[: len(state)], strict=True))
         comm = dict(zip(comm, rest[len(state):], strict=True))
 
         step_tokens = t.micro_batch * t.seq_len * t.grad_accum * self.world_size
         self.tokens += step_tokens
-        step_time = time.perf_counter() - started
         metrics = StepMetrics(
             step=self.step, loss=loss, grad_norm=grad_norm, lr=lr,
             tokens_per_s=step_tokens / step_time, step_time=step_time, tokens=self.tokens,
@@ -464,7 +498,9 @@ class Trainer:
         )
         if t.eval_every and (self.step % t.eval_every == 0 or self.step == t.steps):
             metrics.eval_loss = self.evaluate()
-        ops = self.aggregator.aggregate(self._end_step_timing())
+        # every rank's system metrics ride on the timing aggregator's per-step all_gather
+        ops = self.aggregator.aggregate(self._end_step_timing(), system)
+        per_rank_system = ops.pop("system")
         if self.metrics_server is not None:
             self.metrics_server.update(ops)
         experts = self.model.expert_stats(counts)
@@ -472,13 +508,36 @@ class Trainer:
             "grad_norm": grad_norm, "tokens_per_s": metrics.tokens_per_s, "rss": rss,
             "ops": ops, "experts": {str(i): layer for i, layer in enumerate(experts)},
         }
-        self._emit("step", **metrics.event_fields(), state_bytes=state, comm=comm)
+        self._emit("step", **metrics.event_fields(), state_bytes=state, comm=comm,
+                   system=per_rank_system)
         self._emit("experts", layers=experts)
         self._emit("ops", **{k: v for k, v in ops.items() if k != "step"})
         tier = self.ckpt.due(self.step)
         if tier is not None:
             self.save_checkpoint(to_disk=tier == "disk")
         return metrics
+
+    def _all_reduce_span(self, name: str, nbytes: int):
+        """The timer's span for one of the loop's own all-reduces over every rank."""
+        return self.timer.op(name, kind="collective", nbytes=nbytes, group="global",
+                             algo="native", collective="all_reduce",
+                             group_size=self.world_size)
+
+    def set_timing(self, enabled: bool) -> None:
+        """Per-op timing on or off, the model's module hooks included (on by default; off
+        only to measure what timing costs, bench/timing_overhead.py)."""
+        for handle in self._module_timing:
+            handle.remove()
+        self._module_timing = []
+        self.timer.enabled = enabled
+        if enabled:
+            top_k = self.spec.model.num_experts_per_tok
+            matmuls = tuple(cls for cls, kind in TIMED_MODULES.items() if kind == "matmul")
+            weights = {m: matrix_weights(m) for m in self.model.modules()
+                       if isinstance(m, matmuls)}  # counted once, not on every call
+            self._module_timing = time_modules(
+                self.model, self.timer, TIMED_MODULES,
+                lambda m, args: forward_flops(m, args, top_k, weights[m]))
 
     def _end_step_timing(self) -> StepTimings:
         """Close the step's timings; a sampled step's full timeline goes to a Chrome trace
@@ -493,6 +552,7 @@ class Trainer:
         if self._trace_next:
             self.timer.request_timeline()
             self._trace_next = False
+        self.last_timings = timings
         return timings
 
     @torch.no_grad()
@@ -539,7 +599,7 @@ class Trainer:
             parallel = None
             if kind == "reshard":
                 parallel = {**dataclasses.asdict(self.spec.parallel), **args}
-                parse_spec({**self.spec.to_dict(), "parallel": parallel})  # refuse bad layouts
+                parse_spec(with_layout(self.spec.to_dict(), parallel))  # refuse bad layouts
                 world = parallel["nodes"] * parallel["procs_per_node"]
                 if (self.spec.train.micro_batch * self.world_size) % world:
                     raise CommandRefused(
@@ -580,6 +640,9 @@ class Trainer:
         if skip_data:
             self.loader.position = position
         self.ckpt.forget_after(self.step)
+        # no rank saves the new timeline's first checkpoint while another still deletes the
+        # abandoned one's folders (a folder of the same step would be deleted under it)
+        dist.barrier()
         return {"checkpoint": str(target.path), "to_step": self.step, "from_step": from_step,
                 "skip_data": skip_data}
 
@@ -589,10 +652,11 @@ class Trainer:
                    params=sum(p.numel() for p in self.model.parameters()))
         bar = ProgressBar(self.spec.train.steps) if self.rank == 0 else None
         self._outcome: Outcome | None = None
+        self.watchdog.start()
         while self.step < self.spec.train.steps:
             metrics = self.train_step()
             if self._outcome is not None:  # the fault policy paused the job for a person
-                self._finish()
+                self.finish()
                 return self._outcome
             if metrics is None:
                 continue
@@ -606,14 +670,15 @@ class Trainer:
                                kind=command.kind, error=str(e))
                     continue
                 if outcome is not None:
-                    self._finish()
+                    self.finish()
                     return outcome
         if self.ckpt.due(self.step) != "disk":
             self.save_checkpoint()  # a finished run always leaves its final state on disk
-        self._finish(drop_memory_tier=True)
+        self.finish(drop_memory_tier=True)
         return Outcome("completed", self.step)
 
-    def _finish(self, drop_memory_tier: bool = False) -> None:
+    def finish(self, drop_memory_tier: bool = False) -> None:
+        """Stop the watchdog and the metrics endpoint, wait for checkpoint writes."""
         self.watchdog.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()

@@ -1,14 +1,15 @@
 """Cross-rank aggregation of step timings into the body of one `ops` event.
 
-Each step every rank contributes one fixed-size float64 row: a few per-rank numbers and five
-numbers per op, in an op order all ranks agree on. One `all_gather` of those rows is the
-whole per-step exchange. Op names travel only when some rank has a name the agreed list
-lacks (the first steps, or a new op): then ranks exchange names and metadata once with
-`all_gather_object` and repeat the gather.
+Each step every rank contributes one fixed-size float64 row: a few per-rank numbers, its
+system metrics (CPU %, memory: see system.py) and five numbers per op, in an op order all
+ranks agree on. One `all_gather` of those rows is the whole per-step exchange. Op names
+travel only when some rank has a name the agreed list lacks (the first steps, or a new op):
+then ranks exchange names and metadata once with `all_gather_object` and repeat the gather.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -29,34 +30,39 @@ class OpAggregator:
         self.names: list[str] = []  # the agreed op order
         self.meta: dict[str, dict[str, str]] = {}
 
-    def aggregate(self, timings: StepTimings) -> dict[str, Any]:
+    def aggregate(self, timings: StepTimings,
+                  system: dict[str, float] | None = None) -> dict[str, Any]:
         """The `ops` event body, identical on every rank:
 
         {step, step_ms, void_share, data_wait_share,
          ops: {name: {kind, count, mean_ms, total_ms, min_ms, median_ms, max_ms, max_call_ms,
                       slowest_rank, per_rank_ms, [tflops], [bytes, group, algo, busbw_gbps]}},
-         ranks: [{rank, step_ms, compute_ms, comm_ms, data_ms, void_share}]}
+         ranks: [{rank, step_ms, compute_ms, comm_ms, data_ms, void_share}],
+         [system: {field: [value of each rank]}]}
         total_ms is the mean over ranks of each rank's time in the op this step; min/median/
-        max_ms and slowest_rank are across ranks.
+        max_ms and slowest_rank are across ranks. `system` is this rank's SystemSampler
+        sample (the same fields on every rank); a field no rank measured (NaN) is left out,
+        one some rank did not measure reads None there.
         """
-        rows = self._gather(timings)
+        system = system or {}
+        rows = self._gather(timings, system)
         if rows[:, 0].max() > 0:  # some rank has an op the agreed list lacks
             self._agree_names(timings)
-            rows = self._gather(timings)
-        return self._summarise(timings.step, rows)
+            rows = self._gather(timings, system)
+        return self._summarise(timings.step, rows, list(system))
 
-    def _row(self, timings: StepTimings) -> torch.Tensor:
+    def _row(self, timings: StepTimings, system: dict[str, float]) -> torch.Tensor:
         new = any(name not in self.meta for name in timings.ops)
         row = [float(new), timings.step_ms, timings.compute_ms, timings.comm_ms,
-               timings.data_ms, timings.void_share]
+               timings.data_ms, timings.void_share, *system.values()]
         for name in self.names:
             s = timings.ops.get(name)
             row += ([s.count, s.total_ms, s.max_ms, s.flops or s.nbytes, s.bus_bytes]
                     if s else [0.0] * len(_OP_FIELDS))
         return torch.tensor(row, dtype=torch.float64)
 
-    def _gather(self, timings: StepTimings) -> torch.Tensor:
-        row = self._row(timings)
+    def _gather(self, timings: StepTimings, system: dict[str, float]) -> torch.Tensor:
+        row = self._row(timings, system)
         if not dist.is_initialized():
             return row[None]
         rows = [torch.empty_like(row) for _ in range(dist.get_world_size(self.group))]
@@ -75,13 +81,16 @@ class OpAggregator:
                 self.meta.setdefault(name, meta)
         self.names = sorted(self.meta)
 
-    def _summarise(self, step: int, rows: torch.Tensor) -> dict[str, Any]:
+    def _summarise(self, step: int, rows: torch.Tensor, system: list[str]) -> dict[str, Any]:
         ranks = self._group_ranks(rows.shape[0])
         table = rows.tolist()  # plain floats: per-element tensor indexing costs microseconds
         k, f = len(_RANK_FIELDS), len(_OP_FIELDS)
+        measured = {name: [None if math.isnan(row[k + i]) else row[k + i] for row in table]
+                    for i, name in enumerate(system)}
+        first_op = k + len(system)
         ops: dict[str, Any] = {}
         for j, name in enumerate(self.names):
-            block = [row[k + j * f: k + (j + 1) * f] for row in table]
+            block = [row[first_op + j * f: first_op + (j + 1) * f] for row in table]
             ran = [i for i, b in enumerate(block) if b[0] > 0]
             if not ran:
                 continue
@@ -110,7 +119,7 @@ class OpAggregator:
             ops[name] = entry
         per_rank = [dict(zip(("rank", *_RANK_FIELDS[1:]), (r, *row[1:k]), strict=True))
                     for r, row in zip(ranks, table, strict=True)]
-        return {
+        summary = {
             "step": step,
             "step_ms": max(row[1] for row in table),
             "void_share": statistics.fmean(row[5] for row in table),
@@ -119,6 +128,10 @@ class OpAggregator:
             "ops": ops,
             "ranks": per_rank,
         }
+        if system:
+            summary["system"] = {name: values for name, values in measured.items()
+                                 if any(v is not None for v in values)}
+        return summary
 
     def _group_ranks(self, n: int) -> list[int]:
         if not dist.is_initialized():

@@ -119,6 +119,24 @@ class Span:
         self.timer._completed.append((self, self.t0, t1, STREAM_ASYNC))
 
 
+class _Untimed:
+    """What `op()` returns while timing is switched off: a span that records nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Untimed:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def finish_when(self, work: Any) -> None:
+        return None
+
+
+UNTIMED = _Untimed()
+
+
 @dataclass
 class OpStats:
     """One op's timings within one step on one rank."""
@@ -197,7 +215,7 @@ class OpTimer:
     """Per-rank op timer: `op()` around call sites, `step_end()` once per training step."""
 
     def __init__(self, rank: int = 0, backend: str = "cpu", sample_every: int = 0,
-                 start_step: int = 1, ring_capacity: int = 1 << 16):
+                 start_step: int = 1, ring_capacity: int = 1 << 16, enabled: bool = True):
         if backend not in ("cpu", "cuda"):
             raise ValueError(f"backend: must be 'cpu' or 'cuda', got {backend!r}")
         if sample_every < 0:
@@ -206,6 +224,9 @@ class OpTimer:
         self.rank = rank
         self.backend = backend
         self.sample_every = sample_every
+        # off: `op()` hands out a no-op span (for components run without timing, for measuring
+        # what timing costs, and for users who want the last fraction of a percent back)
+        self.enabled = enabled
         self.ring = TimelineRing(ring_capacity)
         self.names: list[str] = []  # op code -> name, for the timeline
         self._ops: dict[str, OpInfo] = {}
@@ -227,7 +248,8 @@ class OpTimer:
 
     # -- hot path ---------------------------------------------------------------------------
     def op(self, name: str, kind: str = "compute", *, flops: int = 0, nbytes: int = 0,
-           group: str = "", algo: str = "", collective: str = "", group_size: int = 0) -> Span:
+           group: str = "", algo: str = "", collective: str = "",
+           group_size: int = 0) -> Span | _Untimed:
         """A context manager timing one call of op `name`.
 
         kind: one of KINDS. matmul: pass `flops` (2*B*M*N*K). collective: pass `nbytes` (the
@@ -235,6 +257,8 @@ class OpTimer:
         and `group_size` to get bus bandwidth. The first call of a name fixes its kind,
         group, algorithm and collective.
         """
+        if not self.enabled:
+            return UNTIMED
         info = self._ops.get(name)
         if info is None:
             info = self._register(name, kind, group, algo, collective, group_size)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import faulthandler
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter_ns
@@ -41,6 +42,9 @@ class HangWatchdog:
                                         daemon=True)
 
     def start(self) -> HangWatchdog:
+        """Watch from now on: time spent before (building the model, resuming from a
+        checkpoint) does not count toward the first step's timeout."""
+        self._restart_clock()
         self._thread.start()
         return self
 
@@ -53,8 +57,12 @@ class HangWatchdog:
         self._paused = True
 
     def resume(self) -> None:
-        self.timer.step_started_ns = max(self.timer.step_started_ns, perf_counter_ns())
+        self._restart_clock()
         self._paused = False
+
+    def _restart_clock(self) -> None:
+        """An op-free stretch is timed from now (unwatched time is not a hang)."""
+        self.timer.step_started_ns = max(self.timer.step_started_ns, perf_counter_ns())
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -85,6 +93,7 @@ class HangWatchdog:
         step = self.timer.current_step
         anomaly = Anomaly("hang", "critical", step, self.timer.rank, {
             **evidence, "age_s": age / 1e9, "timeout_s": self.timeout_ns / 1e9,
+            "detected_at": time.time(),  # wall clock: the event is published after a restart
             "stack_dump": str(self.dump_stacks(step)),
         })
         self.on_hang(anomaly)

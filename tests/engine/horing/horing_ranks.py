@@ -41,8 +41,9 @@ CHUNK_BYTES = 1024
 
 
 def lengths(world: int) -> list[int]:
-    """One element, a length not divisible by the world size, and a longer odd one."""
-    return sorted({1, world + 1, 1001})
+    """One element, a length not divisible by the world size, a longer odd one, and a multiple
+    of the world size (which reduce_scatter reads in place instead of through a padded copy)."""
+    return sorted({1, world + 1, 1001, world * 125})
 
 
 def _data(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.runtime.spec import SpecError, parse_spec
+from engine.runtime.spec import SpecError, parse_spec, with_layout
 
 
 def errors_of(data) -> dict[str, str]:
@@ -88,3 +88,14 @@ def test_the_fault_policy_is_checked_field_by_field():
     }}})
     assert set(errors) >= {"faults.policy.actions.nan.0"}
     assert any(k.startswith("faults.policy.thresholds") for k in errors)
+
+
+def test_a_layout_change_keeps_the_global_batch_and_drops_faults_on_ranks_that_go_away():
+    data = {"name": "t", "model": {"preset": "nano"}, "parallel": {"nodes": 2, "procs_per_node": 2},
+            "train": {"steps": 10, "micro_batch": 2},
+            "faults": {"inject": [{"kind": "slow_rank", "step": 2, "rank": 3},
+                                  {"kind": "nan", "step": 4, "rank": 0}]}}
+    spec = parse_spec(with_layout(data, {"nodes": 1, "procs_per_node": 2}, micro_batch=4))
+    assert (spec.parallel.world_size, spec.train.micro_batch) == (2, 4)
+    assert [(i.kind, i.rank) for i in spec.faults.inject] == [("nan", 0)]
+    assert data["faults"]["inject"][0]["rank"] == 3  # the caller's spec is left as it was

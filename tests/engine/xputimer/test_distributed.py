@@ -5,6 +5,7 @@ gathered Chrome trace has one process per rank."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 
@@ -46,7 +47,11 @@ def rank_main(rank: int, world: int, port: int, out: str) -> None:
         with timer.op("node_sync", kind="collective", nbytes=shard.numel() * 4, group="intra",
                       algo="native", collective="all_reduce", group_size=PER_NODE):
             dist.all_reduce(shard, group=topo.intra)
-        aggregates.append(aggregator.aggregate(timer.step_end(step)))
+        # system metrics as a SystemSampler reports them: rank 0 has no GPU utilisation, and
+        # no rank has GPU memory (NaN: not measured)
+        system = {"cpu_percent": 10.0 * rank, "gpu_util_percent": math.nan if rank == 0 else 50.0,
+                  "gpu_memory_bytes": math.nan}
+        aggregates.append(aggregator.aggregate(timer.step_end(step), system))
     write_trace(timer, f"{out}/trace.json")
     with open(f"{out}/aggregates-{rank}.json", "w") as f:
         json.dump(aggregates, f)
@@ -83,6 +88,12 @@ def test_ops_event_names_the_slowed_rank_as_slowest(run):
     assert slowest["rank"] == SLOW_RANK
     # the other ranks wait for it inside the collectives
     assert min(steps[-1]["ranks"], key=lambda r: r["comm_ms"])["rank"] == SLOW_RANK
+
+
+def test_system_metrics_ride_along_one_value_per_rank_unmeasured_ones_left_out(run):
+    for agg in run[0][0]:
+        assert agg["system"] == {"cpu_percent": [0.0, 10.0, 20.0, 30.0],
+                                 "gpu_util_percent": [None, 50.0, 50.0, 50.0]}
 
 
 def test_collectives_carry_bytes_group_algorithm_and_bus_bandwidth(run):
