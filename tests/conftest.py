@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: a real Redis for everything that talks to one."""
+"""Fixtures shared by the whole suite: a real Redis for everything that talks to one, and the
+platform's services (tests/platform/services.py) for the platform and browser tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,19 @@ import subprocess
 import time
 
 import pytest
+
+from tests.platform.services import (  # noqa: F401 (fixtures, registered here only)
+    _platform_settings,
+    api,
+    celery_worker,
+    eventually,
+    live_server_url,
+    other_user,
+    platform_redis_url,
+    service_env,
+    small_spec,
+    user,
+)
 
 
 def _free_port() -> int:

@@ -1,23 +1,79 @@
-"""REST API for jobs: list, create (validated by the engine's own spec parser), detail,
-cancel, and the stored metric series."""
+"""REST API: jobs (create, read, steer, clone), the planner, API tokens, webhooks, the audit log.
+
+Views stay thin: bodies are validated by serializers, state moves are Job methods, steering
+goes through jobs.steering. Every POST takes an `Idempotency-Key` (jobs.idempotency).
+"""
 
 from __future__ import annotations
 
+import copy
+
 from django.db import transaction
+from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.authtoken.models import Token
-from rest_framework.authtoken.views import ObtainAuthToken
+from drf_spectacular.utils import (
+    OpenApiExample,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
+from rest_framework import generics, mixins, serializers, status, viewsets
+from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, Throttled
+from rest_framework.filters import OrderingFilter
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
 
+from engine.horing.cost import Links, Tier
+from engine.horing.topology import Topology
+from engine.moe import preset
+from engine.paro.planner import plan
 from engine.runtime.spec import SpecError, parse_spec
-from jobs.models import Cause, IllegalTransition, Job
-from jobs.serializers import JobDetailSerializer, JobSerializer
-from monitor.series import job_series
+from jobs import idempotency
+from jobs.errors import (
+    BAD_QUERY,
+    CREATE_ERRORS,
+    DETAIL,
+    ERRORS,
+    FIELD_ERRORS,
+    STEER_ERRORS,
+    UNAUTHENTICATED,
+)
+from jobs.idempotency import idempotent
+from jobs.models import ApiToken, AuditEntry, CommandKind, IllegalTransition, Job, State, Webhook
+from jobs.permissions import request_cause, token_creation_wait, visible_jobs
+from jobs.policy import PlatformPolicy, PolicyError
+from jobs.serializers import (
+    AnomalySerializer,
+    ApiTokenSerializer,
+    AuditEntrySerializer,
+    CheckpointSerializer,
+    CloneBody,
+    CommandBody,
+    CommandSerializer,
+    JobDetailSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    NewApiTokenSerializer,
+    NewWebhookSerializer,
+    PlanQuery,
+    PlanSerializer,
+    ReshardBody,
+    RollbackBody,
+    WebhookSerializer,
+)
+from jobs.steering import audit, issue
+from monitor.api import SERIES, MetricsQuery, metrics_payload
+from monitor.models import Anomaly, Checkpoint
+
+# Links the planner prices collectives with (engine.paro.planner's command-line defaults):
+# 800 Gbit/s and 5 us within a node, 100 Gbit/s and 20 us between nodes.
+PLAN_LINKS = Links(intra=Tier(5e-6, 800e9 / 8), inter=Tier(20e-6, 100e9 / 8))
 
 
 class Conflict(APIException):
@@ -28,82 +84,322 @@ class Conflict(APIException):
         super().__init__({"detail": str(error), "state": error.state})
 
 
-def request_cause(request: Request) -> str:
-    """API token or a person's session: the JobEvent cause of what this request does."""
-    return Cause.API_TOKEN if isinstance(request.auth, Token) else Cause.USER
+def actor(request: Request) -> str:
+    return request.user.get_username()
 
 
-SPEC_ERRORS = inline_serializer(
-    "SpecErrors", {"errors": serializers.DictField(child=serializers.CharField())}
+class JobFilter(filters.FilterSet):
+    # distinct=False: a job has one state, so no duplicates to remove; the default DISTINCT
+    # compared every column, the spec's JSON included, on each filtered list and its count
+    state = filters.MultipleChoiceFilter(choices=State.choices, distinct=False,
+                                         help_text="one or more states (repeat the parameter)")
+    owner = filters.CharFilter(field_name="owner__username", help_text="owner's username")
+    name = filters.CharFilter(lookup_expr="icontains", help_text="part of the job name")
+
+    class Meta:
+        model = Job
+        fields = ["state", "owner", "name"]
+
+
+def _steer(kind: str, body: type[CommandBody], description: str):
+    """One steering action: validate the body, issue the command, answer 202 with it."""
+
+    def steer(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        if not isinstance(request.data, dict):
+            return Response({"non_field_errors": ["the body must be a JSON object"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        validator = body(data=request.data, context={"job": job, "request": request})
+        validator.is_valid(raise_exception=True)
+        try:
+            command = issue(job, kind, dict(validator.validated_data), actor=actor(request),
+                            cause=request_cause(request), engine_args=validator.engine_args())
+        except IllegalTransition as e:
+            raise Conflict(e) from e
+        return Response(CommandSerializer(command).data, status=status.HTTP_202_ACCEPTED)
+
+    # the router maps the HTTP method to the action by its function name
+    steer.__name__ = steer.__qualname__ = str(kind)
+    routed = action(detail=True, methods=["post"], url_path=kind, url_name=kind)(
+        idempotent(steer))
+    return extend_schema(request=body, responses={202: CommandSerializer, **STEER_ERRORS},
+                         parameters=[idempotency.PARAMETER], description=description)(routed)
+
+
+@extend_schema_view(
+    list=extend_schema(description="Your jobs (staff: everyone's), newest first unless "
+                       "`ordering` says otherwise; paginated with `limit`/`offset`.",
+                       responses={200: JobSerializer(many=True), 400: BAD_QUERY,
+                                  401: UNAUTHENTICATED}),
+    retrieve=extend_schema(responses={200: JobDetailSerializer, **ERRORS}),
 )
-SERIES = inline_serializer(
-    "MetricSeries",
-    {"series": serializers.DictField(
-        child=serializers.DictField(child=serializers.ListField()),
-        help_text='{name: {"step": [...], "value": [...]}}; value is null for NaN/inf')},
-)
-
-
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Your jobs (staff: everyone's). Another user's job answers 404."""
 
+    filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
+    filterset_class = JobFilter
+    ordering_fields = ["created_at", "id", "name", "state", "step"]
+    ordering = ["-created_at", "-id"]
+
     def get_queryset(self):
-        jobs = Job.objects.select_related("owner")
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return jobs.none()
-        if self.request.user.is_staff:
-            return jobs
-        return jobs.filter(owner=self.request.user)
+            return Job.objects.none()
+        return visible_jobs(self.request.user)
 
     def get_serializer_class(self):
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
-        responses={201: JobDetailSerializer, 400: OpenApiResponse(SPEC_ERRORS)},
-        description="Body: the job spec itself (DESIGN.md §3). An invalid spec answers 400 with "
-        "`errors`, a map from each bad field's dotted path to a message.",
+        parameters=[idempotency.PARAMETER],
+        responses={201: JobDetailSerializer, 400: CREATE_ERRORS, 401: UNAUTHENTICATED,
+                   422: STEER_ERRORS[422]},
+        description="Body: the job spec itself (DESIGN.md §3), plus an optional `platform` "
+        "object, the platform's fault policy for the job (`max_auto_actions_per_hour`, "
+        "`resume_on_failure`; jobs/policy.py). An invalid body answers 400 with `errors`, a "
+        "map from each bad field's dotted path to a message.",
         examples=[OpenApiExample("nano", value={
-            "name": "demo", "model": {"preset": "nano"}, "train": {"steps": 20}})],
+            "name": "demo", "model": {"preset": "nano"}, "train": {"steps": 20},
+            "platform": {"resume_on_failure": 1}})],
     )
+    @idempotent
     def create(self, request: Request) -> Response:
+        data = request.data
+        errors: dict[str, str] = {}
+        policy = PlatformPolicy()
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != "platform"}
+            try:
+                policy = PlatformPolicy.parse(request.data.get("platform"))
+            except PolicyError as e:
+                errors.update(e.errors)
         try:
-            spec = parse_spec(request.data).to_dict()
+            spec = parse_spec(data).to_dict()
         except SpecError as e:
-            return Response({"errors": e.errors}, status=status.HTTP_400_BAD_REQUEST)
+            errors.update(e.errors)
+        if errors:
+            return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        job = self._launch(request, spec, policy, "job.create")
+        return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
+                resume_from: str = "", **details) -> Job:
         from jobs.tasks import run_job
 
         with transaction.atomic():
-            job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec)
+            job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
+                                     platform=policy.to_dict(), resume_from=resume_from)
+            audit(what, actor(request), request_cause(request), job=job, **details)
             transaction.on_commit(lambda: run_job.delay(job.pk))
+        return job
+
+    pause = _steer(CommandKind.PAUSE, CommandBody,
+                   "Checkpoint at the next step boundary and stop, freeing the worker "
+                   "(running → pausing → paused).")
+    resume = _steer(CommandKind.RESUME, CommandBody,
+                    "Queue a paused job again; it continues from its newest checkpoint.")
+    cancel = _steer(CommandKind.CANCEL, CommandBody,
+                    "Queued and paused jobs are cancelled at once; a running one stops at its "
+                    "next step boundary (or by signal within seconds).")
+    rollback = _steer(CommandKind.ROLLBACK, RollbackBody,
+                      "Go back to a kept checkpoint (by `checkpoint` id or the newest at or "
+                      "before `step`), optionally skipping the data window since then.")
+    reshard = _steer(CommandKind.RESHARD, ReshardBody,
+                     "Checkpoint and relaunch the ranks on another layout; the global batch "
+                     "stays the same.")
+    checkpoint = _steer(CommandKind.CHECKPOINT, CommandBody,
+                        "Write a checkpoint at the next step boundary.")
+
+    def _page(self, rows, serializer_class) -> Response:
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+    @extend_schema(responses={200: CheckpointSerializer(many=True), **ERRORS},
+                   filters=False)
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        return self._page(Checkpoint.objects.filter(job=job).order_by("seq"),
+                          CheckpointSerializer)
+
+    @extend_schema(responses={200: JobEventSerializer(many=True), **ERRORS}, filters=False,
+                   description="The job's state history (JobEvents), oldest first.")
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        return self._page(self.get_object().transitions.all(), JobEventSerializer)
+
+    @extend_schema(responses={200: AnomalySerializer(many=True), **ERRORS}, filters=False)
+    @action(detail=True, methods=["get"])
+    def anomalies(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        return self._page(Anomaly.objects.filter(job=job).order_by("seq"), AnomalySerializer)
+
+    @extend_schema(responses={200: CommandSerializer(many=True), **ERRORS}, filters=False)
+    @action(detail=True, methods=["get"])
+    def commands(self, request: Request, pk: str) -> Response:
+        return self._page(self.get_object().commands.all(), CommandSerializer)
+
+    @extend_schema(request=CloneBody, parameters=[idempotency.PARAMETER],
+                   responses={201: JobDetailSerializer, **STEER_ERRORS},
+                   description="A new job from this one's spec (and platform policy), "
+                   "optionally starting from one of its disk checkpoints.")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def clone(self, request: Request, pk: str) -> Response:
+        original = self.get_object()
+        body = CloneBody(data=request.data if isinstance(request.data, dict) else {},
+                         context={"job": original})
+        body.is_valid(raise_exception=True)
+        spec = copy.deepcopy(original.spec)
+        spec["name"] = body.validated_data.get("name", original.name)
+        job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
+                           "job.clone", resume_from=body.context.get("checkpoint_path", ""),
+                           original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={202: JobDetailSerializer, 409: OpenApiTypes.OBJECT},
-                   description="Queued jobs are cancelled at once; running ones are stopped by "
-                   "their supervisor within seconds. 409 names the state of a finished job.")
-    @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, pk: str) -> Response:
-        job = self.get_object()
-        try:
-            job.request_cancel(request_cause(request), request.user.get_username())
-        except IllegalTransition as e:
-            raise Conflict(e) from e
-        return Response(JobDetailSerializer(job).data, status=status.HTTP_202_ACCEPTED)
-
-    @extend_schema(responses={200: SERIES})
+    @extend_schema(parameters=[MetricsQuery], responses={200: SERIES, 400: BAD_QUERY,
+                                                         **ERRORS}, filters=False,
+                   description="Stored step metrics, downsampled server-side with a min/max "
+                   "envelope (monitor.series).")
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        return Response({"series": job_series(job.pk)})
+        return Response(metrics_payload(job.pk, request.query_params))
 
 
-class TokenView(ObtainAuthToken):
-    """Exchange a username and password for the user's API token."""
+class PlanView(APIView):
+    """PaRO planner predictions: every strategy's memory and step time for a model and a
+    layout, best first (those that fit, fastest first; then the rest by memory)."""
+
+    @extend_schema(parameters=[PlanQuery], responses={200: PlanSerializer, 400: BAD_QUERY,
+                                                      401: UNAUTHENTICATED})
+    def get(self, request: Request) -> Response:
+        query = PlanQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        budget = q["memory_budget_gb"] * 1e9
+        rows = plan(preset(q["preset"]), Topology(q["nodes"], q["procs_per_node"]), budget,
+                    q["grad_accum"], PLAN_LINKS, collective=q["collective"])
+        return Response(PlanSerializer({"memory_budget_bytes": budget, "plans": [
+            {"strategy": r.strategy, "step_time_s": r.step_time_s, "fits": r.fits,
+             "memory_bytes": {"params": r.params_bytes, "grads": r.grads_bytes,
+                              "optim": r.optim_bytes, "total": r.memory_bytes}}
+            for r in rows]}).data)
+
+
+class LoginThrottle(ScopedRateThrottle):
+    """Password guesses per client address, at the `login` rate of DEFAULT_THROTTLE_RATES.
+    DRF's own throttles read the rates once, at import; this one reads them per request, so a
+    changed setting (a test's override) takes effect."""
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+
+class TokenView(APIView):
+    """Exchange a username and password for an API token (the user's `default` token)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [LoginThrottle]
+    throttle_scope = "login"
 
     @extend_schema(
-        request=inline_serializer("TokenRequest", {"username": serializers.CharField(),
-                                                   "password": serializers.CharField()}),
-        responses={200: inline_serializer("TokenResponse", {"token": serializers.CharField()})},
+        request=AuthTokenSerializer,
+        responses={200: inline_serializer("TokenResponse", {"token": serializers.CharField()}),
+                   400: FIELD_ERRORS, 429: DETAIL},
     )
-    def post(self, request: Request, *args, **kwargs) -> Response:
-        return super().post(request, *args, **kwargs)
+    def post(self, request: Request) -> Response:
+        credentials = AuthTokenSerializer(data=request.data, context={"request": request})
+        credentials.is_valid(raise_exception=True)
+        user = credentials.validated_data["user"]
+        token = ApiToken.objects.filter(user=user, name="default", revoked__isnull=True).first()
+        if token is None:
+            token = ApiToken.objects.create(user=user, name="default")
+            audit("token.create", user.get_username(), "user", user=user, name="default")
+        return Response({"token": token.key})
+
+
+@extend_schema_view(
+    list=extend_schema(responses={200: ApiTokenSerializer(many=True), 401: UNAUTHENTICATED}),
+    create=extend_schema(request=ApiTokenSerializer, responses={
+        201: NewApiTokenSerializer, 400: FIELD_ERRORS, 401: UNAUTHENTICATED, 429: DETAIL},
+        description="A new named token; its key is shown in this answer only."),
+    destroy=extend_schema(responses={204: None, **ERRORS},
+                          description="Revoke the token (it stays listed, with `revoked`)."),
+)
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
+                      viewsets.GenericViewSet):
+    """Your named API tokens."""
+
+    serializer_class = ApiTokenSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        return ApiToken.objects.filter(user=self.request.user)
+
+    def create(self, request: Request) -> Response:
+        body = ApiTokenSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        wait = token_creation_wait(request.user)
+        if wait is not None:
+            raise Throttled(wait, "too many new tokens this hour")
+        token = body.save(user=request.user)
+        audit("token.create", actor(request), request_cause(request), user=request.user,
+              name=token.name, token=token.pk)
+        return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, token: ApiToken) -> None:
+        token.revoke()
+        audit("token.revoke", actor(self.request), request_cause(self.request),
+              user=self.request.user, name=token.name, token=token.pk)
+
+
+@extend_schema_view(
+    list=extend_schema(responses={200: WebhookSerializer(many=True), 401: UNAUTHENTICATED}),
+    create=extend_schema(request=WebhookSerializer, responses={
+        201: NewWebhookSerializer, 400: FIELD_ERRORS, 401: UNAUTHENTICATED},
+        description="Notifications for one of your jobs (`job`) or all of them: a signed JSON "
+        "POST per event (`anomaly`, `policy.pause`, `policy.resume`, `job.paused`, "
+        "`job.completed`, `job.failed`, `job.cancelled`). Header `X-Ringside-Signature: "
+        "sha256=<HMAC-SHA256 of the body under the secret>`; the secret is in this answer only."),
+    destroy=extend_schema(responses={204: None, **ERRORS}),
+)
+class WebhookViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
+                     viewsets.GenericViewSet):
+    """Your webhooks."""
+
+    serializer_class = WebhookSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Webhook.objects.none()
+        return Webhook.objects.filter(owner=self.request.user)
+
+    def create(self, request: Request) -> Response:
+        body = WebhookSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        hook = body.save(owner=request.user)
+        # the entry belongs to the hook's job, when it has one (and so to the job's owner)
+        audit("webhook.create", actor(request), request_cause(request), user=request.user,
+              job=hook.job, url=hook.url)
+        return Response(NewWebhookSerializer(hook).data, status=status.HTTP_201_CREATED)
+
+
+class AuditView(generics.ListAPIView):
+    """Control actions, newest first: job launches and steering, token and webhook changes.
+    Yours (on your jobs and your account); staff see everyone's."""
+
+    serializer_class = AuditEntrySerializer
+
+    @extend_schema(responses={200: AuditEntrySerializer(many=True), 401: UNAUTHENTICATED})
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return AuditEntry.objects.none()
+        entries = AuditEntry.objects.all()
+        return entries if self.request.user.is_staff else entries.filter(user=self.request.user)
+

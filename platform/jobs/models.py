@@ -1,15 +1,26 @@
-"""A training job and its lifecycle.
+"""A training job, its lifecycle, the commands that steer it, and who may steer it.
 
 The Job owns its state machine: state only changes through `Job.transition` (and the named
 methods built on it), which checks the move against `TRANSITIONS`, locks the row so the API and
 the supervisor cannot interleave, and writes a `JobEvent` saying who or what caused it.
+
+A `Command` is one control request (pause, rollback, ...): stored, delivered to the running
+engine's control stream, and settled (done or refused, with the engine's answer) when the
+engine's `action` event naming its id arrives. `ApiToken`, `IdempotencyKey`, `AuditEntry` and
+`Webhook` are the API's named tokens, replayable POSTs, audit trail and signed notifications.
 """
 
 from __future__ import annotations
 
+import secrets
+from datetime import timedelta
+from typing import Any
+
 from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
+
+from engine.runtime.spec import with_layout
 
 
 class State(models.TextChoices):
@@ -37,17 +48,23 @@ class Cause(models.TextChoices):
 
 S = State
 TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
+# states in which a supervisor owns the job and beats its heartbeat
+SUPERVISED = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.ROLLING_BACK, S.RESHARDING,
+                        S.COMPLETING})
+# Every supervised state may go back to QUEUED: the supervisor was lost and the job resumes
+# from its newest checkpoint. A refused pause, rollback or reshard goes back to RUNNING, and
+# so does a reshard the engine carried out in-process (it relaunches its own ranks).
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.CANCELLED, S.FAILED, S.COMPLETING}),
+    S.STARTING: frozenset({S.RUNNING, S.CANCELLED, S.FAILED, S.COMPLETING, S.QUEUED}),
     S.RUNNING: frozenset(
-        {S.PAUSING, S.ROLLING_BACK, S.RESHARDING, S.COMPLETING, S.CANCELLED, S.FAILED}
+        {S.PAUSING, S.ROLLING_BACK, S.RESHARDING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}
     ),
-    S.PAUSING: frozenset({S.PAUSED, S.CANCELLED, S.FAILED}),
+    S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}),
     S.PAUSED: frozenset({S.QUEUED, S.CANCELLED}),
-    S.ROLLING_BACK: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
-    S.RESHARDING: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
-    S.COMPLETING: frozenset({S.COMPLETED, S.FAILED}),
+    S.ROLLING_BACK: frozenset({S.RUNNING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}),
+    S.RESHARDING: frozenset({S.RUNNING, S.QUEUED, S.COMPLETING, S.CANCELLED, S.FAILED}),
+    S.COMPLETING: frozenset({S.COMPLETED, S.FAILED, S.QUEUED}),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
@@ -57,11 +74,12 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 class IllegalTransition(Exception):
     """A move the state machine does not allow; the API answers it with 409."""
 
-    def __init__(self, job: Job, target: str):
+    def __init__(self, job: Job, target: str, wanted: str = ""):
         self.job_id = job.pk
         self.state = job.state
         self.target = target
-        super().__init__(f"job {job.pk} is {job.state}; it cannot become {target}")
+        super().__init__(f"job {job.pk} is {job.state}; "
+                         + (wanted or f"it cannot become {target}"))
 
 
 class Job(models.Model):
@@ -80,6 +98,17 @@ class Job(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_cause = models.CharField(max_length=16, choices=Cause.choices, blank=True)
     cancel_actor = models.CharField(max_length=150, blank=True)
+    # The supervisor beats while it owns the job; the reaper requeues a job whose beat stopped.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    supervisor = models.CharField(max_length=200, blank=True,
+                                  help_text="the Celery task that supervises the job now")
+    launches = models.PositiveIntegerField(default=0, help_text="engine launches so far")
+    resume_from = models.CharField(
+        max_length=1024, blank=True,
+        help_text="a checkpoint the first launch starts from (a clone of another job's)")
+    platform = models.JSONField(default=dict, blank=True,
+                                help_text="the platform's fault policy for this job "
+                                "(jobs.policy.PlatformPolicy)")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -96,22 +125,32 @@ class Job(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TERMINAL
 
-    def transition(self, target: str, cause: str, actor: str = "", message: str = "") -> JobEvent:
-        """Move to `target` (re-read under a row lock) or raise IllegalTransition."""
+    def transition(self, target: str, cause: str, actor: str = "", message: str = "",
+                   expect: frozenset[str] | None = None) -> JobEvent:
+        """Move to `target` (re-read under a row lock) or raise IllegalTransition; with
+        `expect`, only from one of those states (a move meant for the state it had when the
+        caller looked, not for whatever it became since)."""
         with transaction.atomic():
             current = Job.objects.select_for_update().get(pk=self.pk)
-            if target not in TRANSITIONS[current.state]:
+            allowed = target in TRANSITIONS[current.state]
+            if not allowed or (expect is not None and current.state not in expect):
                 self.refresh_from_db()
                 raise IllegalTransition(current, target)
             now = timezone.now()
             previous, current.state = current.state, target
-            if target == S.STARTING and current.started_at is None:
-                current.started_at = now
+            if target == S.STARTING:
+                current.launches += 1
+                current.heartbeat_at = now
+                if current.started_at is None:
+                    current.started_at = now
             if target in TERMINAL:
                 current.finished_at = now
             if target == S.FAILED and message:
                 current.error = message
-            current.save(update_fields=["state", "started_at", "finished_at", "error"])
+            if target == S.QUEUED:  # a new supervisor takes over
+                current.supervisor, current.heartbeat_at = "", None
+            current.save(update_fields=["state", "started_at", "finished_at", "error",
+                                        "launches", "heartbeat_at", "supervisor"])
             event = JobEvent.objects.create(
                 job=current, from_state=previous, to_state=target,
                 cause=cause, actor=actor, message=message,
@@ -119,9 +158,14 @@ class Job(models.Model):
         self.refresh_from_db()
         return event
 
-    # The named moves of the foundation; pause, rollback and reshard come with their commands.
-    def start(self) -> JobEvent:
-        return self.transition(S.STARTING, Cause.WORKER, message="supervisor launching the engine")
+    # -- the named moves ----------------------------------------------------------------
+    def start(self, supervisor: str = "") -> JobEvent:
+        """A supervisor takes the queued job (only one can: the move is made under a lock)."""
+        event = self.transition(S.STARTING, Cause.WORKER, message="supervisor launching the engine")
+        if supervisor:
+            Job.objects.filter(pk=self.pk).update(supervisor=supervisor)
+            self.supervisor = supervisor
+        return event
 
     def mark_running(self) -> JobEvent:
         return self.transition(S.RUNNING, Cause.ENGINE, message="the engine reported running")
@@ -135,8 +179,59 @@ class Job(models.Model):
     def fail(self, error: str, cause: str = Cause.ENGINE) -> JobEvent:
         return self.transition(S.FAILED, cause, message=error)
 
+    def request_pause(self, cause: str, actor: str) -> JobEvent:
+        return self.transition(S.PAUSING, cause, actor, "pause requested",
+                               expect=frozenset({S.RUNNING}))
+
+    def mark_paused(self, message: str) -> JobEvent:
+        return self.transition(S.PAUSED, Cause.ENGINE, message=message)
+
+    def request_resume(self, cause: str, actor: str) -> JobEvent:
+        return self.transition(S.QUEUED, cause, actor, "resume requested: queued to continue "
+                               "from its newest checkpoint", expect=frozenset({S.PAUSED}))
+
+    def begin_rollback(self, cause: str, actor: str, message: str) -> JobEvent:
+        return self.transition(S.ROLLING_BACK, cause, actor, message,
+                               expect=frozenset({S.RUNNING}))
+
+    def begin_reshard(self, cause: str, actor: str, message: str) -> JobEvent:
+        return self.transition(S.RESHARDING, cause, actor, message,
+                               expect=frozenset({S.RUNNING}))
+
+    def back_to_running(self, message: str) -> JobEvent:
+        """A rollback or reshard is done (or a steering command was refused)."""
+        return self.transition(S.RUNNING, Cause.ENGINE, message=message,
+                               expect=frozenset({S.ROLLING_BACK, S.RESHARDING, S.PAUSING}))
+
+    def adopt_layout(self, parallel: dict[str, Any], micro_batch: int) -> None:
+        """The engine resharded onto `parallel`: later launches (a resume) use that layout."""
+        with transaction.atomic():
+            current = Job.objects.select_for_update().get(pk=self.pk)
+            spec = with_layout(current.spec, parallel, micro_batch)
+            Job.objects.filter(pk=self.pk).update(spec=spec)
+        self.refresh_from_db(fields=["spec"])
+
+    def requeue(self, cause: str, message: str, actor: str = "") -> JobEvent:
+        """Its supervisor is gone (or the policy resumes a crashed run): queue it again to
+        continue from its newest checkpoint."""
+        return self.transition(S.QUEUED, cause, actor, message, expect=SUPERVISED)
+
+    def beat(self, supervisor: str) -> bool:
+        """The supervisor's heartbeat; False when the job is no longer this supervisor's
+        (the reaper gave it to another one)."""
+        return bool(Job.objects.filter(pk=self.pk, supervisor=supervisor, state__in=SUPERVISED)
+                    .update(heartbeat_at=timezone.now()))
+
+    @classmethod
+    def stale(cls, timeout_s: float) -> models.QuerySet[Job]:
+        """Supervised jobs whose supervisor has not beaten for `timeout_s` seconds."""
+        cutoff = timezone.now() - timedelta(seconds=timeout_s)
+        return cls.objects.filter(state__in=SUPERVISED).filter(
+            models.Q(heartbeat_at__lt=cutoff) | models.Q(heartbeat_at__isnull=True))
+
     def request_cancel(self, cause: str, actor: str) -> None:
-        """Record a cancel; a queued job is cancelled at once, a live one by its supervisor."""
+        """Record a cancel; a queued or paused job is cancelled at once (no supervisor owns
+        it), a live one by its supervisor."""
         with transaction.atomic():
             current = Job.objects.select_for_update().get(pk=self.pk)
             if S.CANCELLED not in TRANSITIONS[current.state]:
@@ -147,8 +242,12 @@ class Job(models.Model):
                     cancel_requested_at=timezone.now(), cancel_cause=cause, cancel_actor=actor
                 )
         self.refresh_from_db()
-        if self.state == S.QUEUED:
-            self.transition(S.CANCELLED, cause, actor, "cancelled before it started")
+        if self.state in (S.QUEUED, S.PAUSED):
+            try:
+                self.transition(S.CANCELLED, cause, actor, f"cancelled while {self.state}",
+                                expect=frozenset({S.QUEUED, S.PAUSED}))
+            except IllegalTransition:
+                pass  # a supervisor took it meanwhile; it carries the recorded request out
 
     def finish_cancel(self, message: str) -> JobEvent:
         """The supervisor stopped the engine on request; the event carries the requester."""
@@ -173,3 +272,154 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.from_state} -> {self.to_state} ({self.cause})"
+
+
+class CommandState(models.TextChoices):
+    PENDING = "pending"  # stored, not yet on the engine's control stream
+    DELIVERED = "delivered"  # on the control stream; the engine acts at its next step boundary
+    DONE = "done"
+    REFUSED = "refused"
+
+
+class CommandKind(models.TextChoices):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    ROLLBACK = "rollback"
+    RESHARD = "reshard"
+    CHECKPOINT = "checkpoint"
+
+
+class Command(models.Model):
+    """One control request; `id` is the command id the engine's `action` event names."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=16, choices=CommandKind.choices)
+    args = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=CommandState.choices,
+                             default=CommandState.PENDING)
+    result = models.JSONField(default=dict, blank=True,
+                              help_text="the engine's answer (its action event) or the reason "
+                              "it was refused")
+    requested_by = models.CharField(max_length=150, blank=True)
+    cause = models.CharField(max_length=16, choices=Cause.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["job", "state"])]
+
+    def __str__(self) -> str:
+        return f"command {self.pk} {self.kind} for job {self.job_id} ({self.state})"
+
+    @property
+    def engine_id(self) -> str:
+        """The id the engine acknowledges (`action.command`)."""
+        return str(self.pk)
+
+    def mark_delivered(self) -> None:
+        Command.objects.filter(pk=self.pk, state=CommandState.PENDING).update(
+            state=CommandState.DELIVERED, updated_at=timezone.now())
+        self.refresh_from_db()
+
+    def settle(self, done: bool, result: dict[str, Any]) -> bool:
+        """Record the outcome once; False if it was already settled."""
+        open_states = (CommandState.PENDING, CommandState.DELIVERED)
+        settled = Command.objects.filter(pk=self.pk, state__in=open_states).update(
+            state=CommandState.DONE if done else CommandState.REFUSED, result=result,
+            updated_at=timezone.now())
+        self.refresh_from_db()
+        return bool(settled)
+
+    @classmethod
+    def open_for(cls, job: Job) -> models.QuerySet[Command]:
+        return cls.objects.filter(job=job, state__in=(CommandState.PENDING,
+                                                      CommandState.DELIVERED))
+
+
+def _new_key() -> str:
+    return secrets.token_hex(20)
+
+
+class ApiToken(models.Model):
+    """A named API token; a user may hold several and revoke each on its own."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="api_tokens")
+    name = models.CharField(max_length=64)
+    key = models.CharField(max_length=40, unique=True, default=_new_key)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"token {self.name!r} of {self.user}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked is None
+
+    def revoke(self) -> None:
+        ApiToken.objects.filter(pk=self.pk, revoked__isnull=True).update(revoked=timezone.now())
+        self.refresh_from_db()
+
+
+class IdempotencyKey(models.Model):
+    """The first response to a POST sent with an `Idempotency-Key`, replayed to retries."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=1024)
+    status = models.PositiveSmallIntegerField()
+    body = models.JSONField(null=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="key_once_per_user")]
+
+
+class AuditEntry(models.Model):
+    """A control action: who did what to which job (or token), and through what."""
+
+    time = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150, blank=True)
+    cause = models.CharField(max_length=16, choices=Cause.choices)
+    action = models.CharField(max_length=32, help_text='e.g. "job.create", "job.pause", '
+                              '"token.revoke"')
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True,
+                            related_name="audit")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                             blank=True, help_text="the account acted for (a job's owner)")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        verbose_name_plural = "audit entries"
+
+
+class Webhook(models.Model):
+    """Where notifications go: for one job, or (no job) for all of a user's jobs. Payloads
+    are signed with HMAC-SHA256 over the body using `secret` (jobs.webhooks)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="webhooks")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True,
+                            related_name="webhooks")
+    url = models.URLField(max_length=1024)
+    secret = models.CharField(max_length=64, default=_new_key)
+    created = models.DateTimeField(auto_now_add=True)
+    last_status = models.CharField(max_length=200, blank=True,
+                                   help_text="how the last delivery went")
+
+    class Meta:
+        ordering = ["id"]
+
+    @classmethod
+    def for_job(cls, job: Job) -> models.QuerySet[Webhook]:
+        return cls.objects.filter(owner_id=job.owner_id).filter(
+            models.Q(job=job) | models.Q(job__isnull=True))

@@ -1,6 +1,18 @@
+"""What the API reads and writes. Request bodies are validated here, field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
 from rest_framework import serializers
 
-from jobs.models import Job, JobEvent
+from engine.moe import PRESETS
+from engine.paro.strategy import STRATEGY_NAMES
+from engine.runtime.spec import SpecError, parse_spec, with_layout
+from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, Webhook
+from monitor.models import Anomaly, Checkpoint
+
+COLLECTIVES = ("native", "ring", "hier", "horing")
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -16,7 +28,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "name", "state", "step", "total_steps", "spec", "owner", "created_at",
-                  "started_at", "finished_at", "error", "cancel_requested_at"]
+                  "started_at", "finished_at", "error", "cancel_requested_at", "heartbeat_at",
+                  "launches", "resume_from", "platform"]
         read_only_fields = fields
 
 
@@ -26,3 +39,200 @@ class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "transitions"]
         read_only_fields = fields
+
+
+class CommandSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Command
+        fields = ["id", "kind", "args", "state", "result", "requested_by", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    available = serializers.BooleanField(
+        read_only=True, help_text="still on disk; false once retention (checkpoint.keep) "
+                                  "deleted it")
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "step", "time", "path", "tier", "size_bytes", "strategy", "world_size",
+                  "blocking_s", "available"]
+        read_only_fields = fields
+
+
+def job_checkpoint(job: Job, checkpoint_id: int) -> Checkpoint:
+    """One of `job`'s checkpoints that still exists, or a ValidationError saying why not."""
+    found = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
+    if found is None:
+        raise serializers.ValidationError(f"job {job.pk} has no checkpoint {checkpoint_id}")
+    if not found.available:
+        raise serializers.ValidationError(
+            f"checkpoint {checkpoint_id} (step {found.step}) was deleted by the job's "
+            f"retention (checkpoint.keep); pick a newer one")
+    return found
+
+
+class AnomalySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Anomaly
+        fields = ["id", "seq", "step", "time", "kind", "severity", "rank", "evidence"]
+        read_only_fields = fields
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEntry
+        fields = ["id", "time", "actor", "cause", "action", "job", "details"]
+        read_only_fields = fields
+
+
+class CommandBody(serializers.Serializer):
+    """A command's body; pause, resume, cancel and checkpoint have no fields."""
+
+    def engine_args(self) -> dict[str, Any]:
+        """The command's args as the engine takes them."""
+        return dict(self.validated_data)
+
+
+class RollbackBody(CommandBody):
+    checkpoint = serializers.IntegerField(
+        required=False, min_value=1,
+        help_text="the id of one of this job's checkpoints (GET .../checkpoints/)")
+    step = serializers.IntegerField(
+        required=False, min_value=0, help_text="go back to the newest checkpoint at or before")
+    skip_data = serializers.BooleanField(
+        default=False, help_text="skip the data window since that checkpoint")
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if ("checkpoint" in data) == ("step" in data):
+            raise serializers.ValidationError(
+                {"checkpoint": "give exactly one of checkpoint and step"})
+        if "checkpoint" in data:
+            try:
+                found = job_checkpoint(self.context["job"], data["checkpoint"])
+            except serializers.ValidationError as e:
+                raise serializers.ValidationError({"checkpoint": e.detail}) from e
+            self.context["checkpoint_path"] = found.path
+        return data
+
+    def engine_args(self) -> dict[str, Any]:
+        """The command as the engine takes it: a checkpoint by its path."""
+        data = self.validated_data
+        args: dict[str, Any] = {"skip_data": data["skip_data"]}
+        if "checkpoint" in data:
+            args["checkpoint"] = self.context["checkpoint_path"]
+        else:
+            args["step"] = data["step"]
+        return args
+
+
+class ReshardBody(CommandBody):
+    strategy = serializers.ChoiceField(choices=STRATEGY_NAMES, help_text="a PaRO strategy")
+    nodes = serializers.IntegerField(min_value=1)
+    procs_per_node = serializers.IntegerField(min_value=1)
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        spec = self.context["job"].spec
+        try:  # the engine's own rules for a layout (world size, strategy, collective)
+            parse_spec(with_layout(spec, data))
+        except SpecError as e:
+            raise serializers.ValidationError(
+                {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e
+        world = data["nodes"] * data["procs_per_node"]
+        train = spec.get("train", {})
+        batch = int(train.get("micro_batch", 1)) * int(
+            spec.get("parallel", {}).get("nodes", 1)) * int(
+            spec.get("parallel", {}).get("procs_per_node", 1))
+        if batch % world:
+            raise serializers.ValidationError(
+                {"nodes": f"the global micro-batch ({batch} sequences) does not divide over "
+                          f"{world} ranks"})
+        return data
+
+
+class CloneBody(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", required=False,
+                                  help_text="default: the original's name")
+    checkpoint = serializers.IntegerField(
+        required=False, min_value=1,
+        help_text="start from this checkpoint of the original (a disk checkpoint's id)")
+
+    def validate_checkpoint(self, value: int) -> int:
+        found = job_checkpoint(self.context["job"], value)
+        if found.tier == "memory":
+            raise serializers.ValidationError("a memory-tier checkpoint cannot seed a clone; "
+                                              "pick a disk one")
+        self.context["checkpoint_path"] = found.path
+        return value
+
+
+class PlanQuery(serializers.Serializer):
+    preset = serializers.ChoiceField(choices=sorted(PRESETS), default="tiny")
+    nodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    procs_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    grad_accum = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    collective = serializers.ChoiceField(choices=COLLECTIVES, default="native")
+    memory_budget_gb = serializers.FloatField(min_value=0, max_value=1e6, default=16.0,
+                                              help_text="model-state memory per device")
+
+
+class MemoryBytes(serializers.Serializer):
+    params = serializers.FloatField()
+    grads = serializers.FloatField()
+    optim = serializers.FloatField()
+    total = serializers.FloatField()
+
+
+class PlanRowSerializer(serializers.Serializer):
+    strategy = serializers.CharField()
+    memory_bytes = MemoryBytes()
+    step_time_s = serializers.FloatField()
+    fits = serializers.BooleanField()
+
+
+class PlanSerializer(serializers.Serializer):
+    memory_budget_bytes = serializers.FloatField()
+    plans = PlanRowSerializer(many=True, help_text="best first: those that fit, fastest first")
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "created", "last_used", "revoked"]
+        read_only_fields = ["id", "created", "last_used", "revoked"]
+
+
+class NewApiTokenSerializer(ApiTokenSerializer):
+    """Only the answer to creating a token shows its key."""
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "key"]
+        read_only_fields = [*ApiTokenSerializer.Meta.read_only_fields, "key"]
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    job = serializers.PrimaryKeyRelatedField(
+        queryset=Job.objects.all(), required=False, allow_null=True,
+        help_text="one of your jobs; leave out for all of them")
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "url", "job", "created", "last_status"]
+        read_only_fields = ["id", "created", "last_status"]
+
+    def validate_job(self, job: Job | None) -> Job | None:
+        from jobs.permissions import visible_jobs
+
+        if job is not None and not visible_jobs(self.context["request"].user).filter(
+                pk=job.pk).exists():
+            raise serializers.ValidationError(f'Invalid pk "{job.pk}" - object does not exist.')
+        return job
+
+
+class NewWebhookSerializer(WebhookSerializer):
+    """Only the answer to creating a webhook shows its signing secret."""
+
+    class Meta(WebhookSerializer.Meta):
+        fields = [*WebhookSerializer.Meta.fields, "secret"]
+        read_only_fields = [*WebhookSerializer.Meta.read_only_fields, "secret"]

@@ -1,9 +1,11 @@
 """`jobs.tasks.run_job` with a real Celery worker, Redis and database, and the real engine."""
 
 import time
+from datetime import timedelta
 
 import psutil
 import pytest
+from django.utils import timezone
 
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
@@ -85,12 +87,21 @@ def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(api, celery_w
     assert job.transitions.last().cause == "engine"
 
 
-def test_a_redelivered_task_for_a_started_job_records_the_lost_supervisor(user, small_spec):
+def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
+        user, small_spec, settings):
     from jobs.tasks import run_job
 
     job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    job.start()
+    job.start(supervisor="elsewhere")
     job.mark_running()
-    assert run_job(job.pk) == State.FAILED
-    last = job.transitions.last()
-    assert (last.from_state, last.to_state, last.cause) == ("running", "failed", "worker_loss")
+    assert run_job(job.pk) == State.RUNNING  # its supervisor still beats: not ours to take
+    assert job.transitions.count() == 2
+
+    Job.objects.filter(pk=job.pk).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.JOB_HEARTBEAT_TIMEOUT_S + 1))
+    assert run_job(job.pk) == State.COMPLETED
+    moves = list(job.transitions.values_list("from_state", "to_state", "cause"))
+    assert moves[2] == ("running", "queued", "worker_loss")
+    assert [m[1] for m in moves[3:]] == ["starting", "running", "completing", "completed"]
+    job.refresh_from_db()
+    assert job.launches == 2 and job.step == 6

@@ -1,0 +1,63 @@
+"""The platform's fault policy: what the platform does above the engine's own ladder.
+
+The engine answers each anomaly on its own (skip, retry, LR cut, rollback, restart: see
+engine/anomaly). The platform watches those answers and the run's end, per job:
+
+- `max_auto_actions_per_hour` (default 10): when the engine's fault policy has acted that
+  many times within an hour (observing does not count), the platform pauses the job for a
+  person and notifies its webhooks (`policy.pause`). 0 turns this off.
+- `resume_on_failure` (default 0): a run that fails (a crash beyond the engine's own restarts)
+  is queued again to resume from its newest checkpoint, up to this many times
+  (`policy.resume`), before the failure stands.
+
+A job's `platform` object (beside the spec in the create body) sets them; errors name the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+AUTO_ACTION_WINDOW_S = 3600.0
+# answers that change nothing in the run: they do not count toward the hourly limit
+PASSIVE_ACTIONS = frozenset({"observe", "page", "refused"})
+
+
+class PolicyError(ValueError):
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+@dataclass(frozen=True)
+class PlatformPolicy:
+    max_auto_actions_per_hour: int = 10
+    resume_on_failure: int = 0
+
+    @classmethod
+    def parse(cls, data: Any) -> PlatformPolicy:
+        """From a job's `platform` object; PolicyError names each bad field."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise PolicyError({"platform": "must be an object"})
+        known = {f.name for f in dataclasses.fields(cls)}
+        errors = {f"platform.{k}": "unknown field" for k in data if k not in known}
+        for name in known & set(data):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                errors[f"platform.{name}"] = "must be a non-negative integer"
+        if errors:
+            raise PolicyError(errors)
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def wants_pause(self, recent_auto_actions: int) -> bool:
+        """Has the engine acted on its own often enough that a person should look?"""
+        return 0 < self.max_auto_actions_per_hour <= recent_auto_actions
+
+    def wants_resume(self, resumes_so_far: int) -> bool:
+        return resumes_so_far < self.resume_on_failure

@@ -1,0 +1,140 @@
+"""Chaos: the platform loses no job and no stored data point when its own processes die.
+
+Each test starts the parts it breaks as subprocesses of its own, on a Celery queue of its own
+and against the session's test database: two Celery workers (the job's supervisor runs in one)
+and Celery beat running the real reaper (`jobs.tasks.reap`), or for the Redis test the whole
+of `manage.py serve` with the redis-server it starts; the reaper's intervals are shortened
+through the environment. The job is a real nano run with disk checkpoints. The process
+helpers are bench/worker_loss.py's, which measures the same loss at the default intervals.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import psutil
+import pytest
+
+from bench.worker_loss import (
+    Processes,
+    lose_machine,
+    steady_spec,
+    supervising,
+    trained_past_a_checkpoint,
+)
+from engine.checkpoint import find_latest_good
+from engine.runtime.events import read_events
+from jobs.models import Cause, Job, State
+from jobs.tasks import checkpoint_folder, run_dir, run_job
+from monitor.models import Event, MetricPoint
+from ringside.celery import app
+from ringside.services import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# the reaper's settings, shortened so that a lost supervisor is found within seconds (the
+# timeout still ten beats long, so that a supervisor slowed by a busy machine is not reaped)
+FAST_REAPER = {"JOB_HEARTBEAT_S": "0.5", "JOB_HEARTBEAT_TIMEOUT_S": "5",
+               "JOB_REAPER_INTERVAL_S": "1"}
+STEPS = 600
+CHECKPOINT_EVERY = 100
+
+
+@pytest.fixture
+def parts(service_env, tmp_path):
+    queue = f"chaos-{os.getpid()}-{tmp_path.name}"
+    started = Processes({**service_env, **FAST_REAPER, "CELERY_QUEUE": queue}, tmp_path)
+    yield started
+    started.stop_all()
+
+
+def chaos_job(user, name: str) -> Job:
+    """Long enough (a few hundred fast steps) to be broken mid-run, with disk checkpoints."""
+    return Job.objects.create(name=name, owner=user,
+                              spec=steady_spec(name, STEPS, CHECKPOINT_EVERY))
+
+
+def stored_losses(job: Job) -> list[tuple[int, float | None]]:
+    return list(MetricPoint.objects.filter(job=job, name="loss").order_by("step")
+                .values_list("step", "value"))
+
+
+def assert_every_step_stored_once_as_last_trained(job: Job) -> None:
+    """The stored loss series has every step once (no gap, no duplicate), each with the loss
+    the engine reported last for it (a step trained again replaces its earlier value)."""
+    losses = stored_losses(job)
+    assert [step for step, _ in losses] == list(range(1, STEPS + 1))
+    events = read_events(run_dir(job) / "events.jsonl")
+    assert dict(losses) == {e["step"]: e["loss"] for e in events if e["type"] == "step"}
+
+
+def test_a_job_whose_worker_machine_is_lost_is_resumed_by_another_worker_from_its_newest_checkpoint(
+        parts, user, eventually):
+    job = chaos_job(user, "chaos-worker")
+    workers = [parts.worker("first", concurrency=2), parts.worker("second", concurrency=2)]
+    parts.beat()
+    run_job.apply_async((job.pk,), queue=parts.env["CELERY_QUEUE"])
+    eventually(lambda: supervising(job.pk, workers) is not None, 60,
+               f"no worker started the job; {parts.logs()}")
+    doomed = supervising(job.pk, workers)
+    survivor = next(w for w in workers if w is not doomed)
+    eventually(lambda: trained_past_a_checkpoint(job.pk, CHECKPOINT_EVERY), 60,
+               f"the job wrote no checkpoint; {parts.logs()}")
+
+    lost_supervisor = Job.objects.get(pk=job.pk).supervisor
+    lose_machine(doomed)
+    newest, _ = find_latest_good(checkpoint_folder(job))
+    assert newest is not None and Job.objects.get(pk=job.pk).step < STEPS
+
+    eventually(lambda: supervising(job.pk, [survivor]) is not None, 30,
+               f"the other worker did not take the job over; {parts.logs()}")
+    eventually(lambda: Job.objects.get(pk=job.pk).is_terminal, 60,
+               f"the job did not finish after the loss; {parts.logs()}")
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED, job.error
+    assert job.launches == 2 and job.step == STEPS
+    assert list(job.transitions.values_list("to_state", flat=True)) == [
+        "starting", "running", "queued", "starting", "running", "completing", "completed"]
+    lost = job.transitions.get(to_state=State.QUEUED)
+    assert (lost.from_state, lost.cause) == (State.RUNNING, Cause.WORKER_LOSS)
+    assert "stopped beating" in lost.message and lost_supervisor in lost.message
+
+    resumed = [e for e in Event.objects.filter(job=job, type="log")
+               if e.data["message"].startswith("resumed at step")]
+    assert [e.step for e in resumed] == [newest.step]
+    assert_every_step_stored_once_as_last_trained(job)
+
+
+def test_a_redis_restart_during_a_run_loses_no_stored_metric_and_the_job_completes(
+        parts, user, eventually, tmp_path):
+    """The platform as `make run` runs it (`manage.py serve`: its embedded Redis, a worker and
+    beat), with the Redis it started for this test killed mid-run and restarted by `serve`."""
+    env = {**parts.env, "RINGSIDE_VAR_DIR": str(tmp_path / "var"), "PORT": str(free_port())}
+    del env["REDIS_URL"]  # so `serve` starts its own Redis
+    serve = parts.start("serve", [sys.executable, str(REPO_ROOT / "manage.py"), "serve"], env)
+    eventually(lambda: "Ringside is up" in parts.log("serve"), 60,
+               f"serve did not start; {parts.logs()}")
+    redis_url = re.search(r"embedded Redis on (\S+)", parts.log("serve")).group(1)
+    job = chaos_job(user, "chaos-redis")
+    with app.connection_for_write(redis_url) as connection:
+        run_job.apply_async((job.pk,), queue=env["CELERY_QUEUE"], connection=connection)
+    eventually(lambda: trained_past_a_checkpoint(job.pk, CHECKPOINT_EVERY), 60,
+               f"the job wrote no checkpoint; {parts.logs()}")
+
+    redis_server = next(p for p in psutil.Process(serve.pid).children()
+                        if "redis-server" in " ".join(p.cmdline()))
+    # the supervisor stops its engine when Redis goes; the reaper requeues the job once Redis
+    # is back (and with Celery 5.7.0 the worker itself dies of the lost connection and serve
+    # starts it again)
+    redis_server.kill()
+    eventually(lambda: "redis restarted" in parts.log("serve"), 15,
+               f"serve did not restart Redis; {parts.logs()}")
+
+    eventually(lambda: Job.objects.get(pk=job.pk).is_terminal, 90,
+               f"the job did not finish after the restart; {parts.logs()}")
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED, job.error
+    assert job.step == STEPS
+    assert_every_step_stored_once_as_last_trained(job)

@@ -1,0 +1,38 @@
+"""The launch form as a clone (`/jobs/new/?clone=<id>`): it embeds the job's spec, the preset
+its model started from and the fields set apart from that preset; only for a job the user may
+see."""
+
+import json
+import re
+
+import pytest
+
+from engine.runtime.spec import parse_spec
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def embedded_clone(html: bytes) -> dict:
+    found = re.search(rb'<script id="clone-from" type="application/json">(.*?)</script>', html)
+    return json.loads(found.group(1))
+
+
+def test_the_clone_form_embeds_the_spec_and_the_model_fields_apart_from_the_preset(client, user):
+    # nano is not one of the form's presets: the clone's form offers it anyway
+    spec = parse_spec({"name": "mine", "model": {"preset": "nano", "num_hidden_layers": 3},
+                       "train": {"steps": 9}}).to_dict()
+    job = Job.objects.create(name="mine", owner=user, spec=spec)
+    client.force_login(user)
+    page = client.get(f"/jobs/new/?clone={job.pk}")
+    assert page.status_code == 200
+    assert embedded_clone(page.content) == {"id": job.pk, "spec": spec, "preset": "nano",
+                                            "model_overrides": {"num_hidden_layers": 3}}
+    assert b'<option value="nano">' in page.content
+
+
+def test_cloning_another_users_job_or_no_job_is_404(client, user, other_user, small_spec):
+    theirs = Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    client.force_login(user)
+    for query in (theirs.pk, "abc", 10**9):
+        assert client.get(f"/jobs/new/?clone={query}").status_code == 404

@@ -1,0 +1,234 @@
+"""Named API tokens (through the API and through the token page) and signed webhooks, delivered
+to a real HTTP receiver that checks each signature the way the API docs tell a user to."""
+
+import hashlib
+import hmac
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from jobs.models import ApiToken, AuditEntry, Job, Webhook
+from jobs.tasks import Supervisor
+from ringside.services import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+def authenticates(key: str) -> bool:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client.get("/api/jobs/").status_code == 200
+
+
+# -- tokens through the API -----------------------------------------------------------------
+
+def test_a_new_token_shows_its_key_once_and_authenticates(api):
+    created = api.post("/api/tokens/", {"name": "ci runner"}, format="json")
+    assert created.status_code == 201
+    body = created.json()
+    assert body["name"] == "ci runner" and re.fullmatch(r"[0-9a-f]{40}", body["key"])
+    assert authenticates(body["key"])
+    listed = api.get("/api/tokens/").json()["results"]
+    assert {t["name"] for t in listed} == {"ci runner", "test"}
+    assert all("key" not in t for t in listed)
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65])
+def test_a_token_needs_a_name_of_1_to_64_characters(api, name):
+    response = api.post("/api/tokens/", {"name": name}, format="json")
+    assert response.status_code == 400 and "name" in response.json()
+
+
+def test_token_creation_is_limited_per_hour_through_the_api(api, user, settings):
+    settings.API_TOKENS_PER_HOUR = 3  # the `api` fixture's own token is the first
+    assert [api.post("/api/tokens/", {"name": f"t{i}"}, format="json").status_code
+            for i in range(3)] == [201, 201, 429]
+    refused = api.post("/api/tokens/", {"name": "t3"}, format="json")
+    assert "too many new tokens this hour" in refused.json()["detail"]
+    assert 0 < int(refused["Retry-After"]) <= 3600
+    assert ApiToken.objects.filter(user=user).count() == 3
+
+
+# -- tokens through the page ----------------------------------------------------------------
+
+def csrf_token(page) -> str:
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())[1]
+
+
+@pytest.fixture
+def browser(user) -> Client:
+    """A person logged in, whose posts need the page's CSRF token as a browser's do."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def test_the_token_page_creates_a_token_shows_its_key_once_and_revokes_it(browser, user):
+    empty = browser.get("/tokens/")
+    assert empty.status_code == 200 and b"No tokens yet." in empty.content
+    created = browser.post("/tokens/", {"name": "laptop", "csrfmiddlewaretoken":
+                                        csrf_token(empty)})
+    assert created.status_code == 200
+    key = re.search(r'<code id="new-token">([0-9a-f]{40})</code>', created.content.decode())[1]
+    assert authenticates(key)
+    again = browser.get("/tokens/")
+    assert b"laptop" in again.content and key.encode() not in again.content
+    assert b"active" in again.content
+
+    token = ApiToken.objects.get(key=key)
+    revoked = browser.post("/tokens/", {"revoke": token.pk,
+                                        "csrfmiddlewaretoken": csrf_token(again)}, follow=True)
+    assert "Token “laptop” revoked." in revoked.content.decode()
+    assert b"revoked " in revoked.content and not authenticates(key)
+    assert list(AuditEntry.objects.filter(user=user).values_list("action", "cause")) == [
+        ("token.revoke", "user"), ("token.create", "user")]
+
+
+def test_the_token_page_refuses_a_form_without_its_csrf_token(browser, user):
+    assert browser.post("/tokens/", {"name": "forged"}).status_code == 403
+    assert not ApiToken.objects.filter(user=user).exists()
+
+
+def test_the_token_page_revokes_only_the_users_own_tokens(browser, other_user):
+    theirs = ApiToken.objects.create(user=other_user, name="theirs")
+    page = browser.get("/tokens/")
+    response = browser.post("/tokens/", {"revoke": theirs.pk,
+                                         "csrfmiddlewaretoken": csrf_token(page)})
+    assert response.status_code == 404 and authenticates(theirs.key)
+
+
+def test_the_token_page_names_a_bad_name_and_the_hourly_limit(browser, user, settings):
+    settings.API_TOKENS_PER_HOUR = 1
+    page = browser.get("/tokens/")
+    nameless = browser.post("/tokens/", {"name": " ", "csrfmiddlewaretoken": csrf_token(page)})
+    assert nameless.status_code == 400 and b"name: give the token a name" in nameless.content
+    first = browser.post("/tokens/", {"name": "one", "csrfmiddlewaretoken": csrf_token(page)})
+    assert first.status_code == 200
+    second = browser.post("/tokens/", {"name": "two", "csrfmiddlewaretoken": csrf_token(page)})
+    assert second.status_code == 400
+    assert b"too many new tokens this hour" in second.content
+    assert list(ApiToken.objects.filter(user=user).values_list("name", flat=True)) == ["one"]
+
+
+# -- webhooks -------------------------------------------------------------------------------
+
+class Receiver:
+    """A real HTTP endpoint on a free port; it records each delivery, verified with the
+    documented scheme: `X-Ringside-Signature: sha256=<HMAC-SHA256 of the raw body under the
+    webhook's secret, hex>`."""
+
+    def __init__(self):
+        self.deliveries: list[dict] = []
+        self.secrets: dict[str, str] = {}  # path -> secret
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                secret = receiver.secrets[self.path]
+                expected = "sha256=" + hmac.new(secret.encode(), body,
+                                                hashlib.sha256).hexdigest()
+                receiver.deliveries.append({
+                    "path": self.path, "event": self.headers["X-Ringside-Event"],
+                    "verified": hmac.compare_digest(expected,
+                                                    self.headers["X-Ringside-Signature"]),
+                    "body": json.loads(body)})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def job(user, small_spec) -> Job:
+    job = Job.objects.create(name="watched", owner=user, spec=small_spec)
+    job.start(supervisor="test")
+    job.mark_running()
+    return job
+
+
+def subscribe(api: APIClient, receiver: Receiver, path: str, **body) -> dict:
+    created = api.post("/api/webhooks/", {"url": receiver.url + path, **body}, format="json")
+    assert created.status_code == 201, created.json()
+    hook = created.json()
+    receiver.secrets[path] = hook["secret"]
+    return hook
+
+
+def engine_anomaly(job: Job) -> None:
+    """The supervisor handling the engine's anomaly event, as it does for a running job."""
+    Supervisor(job, proc=None, ingest=None, me="test").on_event({
+        "type": "anomaly", "job": str(job.pk), "step": 7, "time": 1.0, "seq": 12,
+        "kind": "loss_spike", "severity": "warning", "rank": None,
+        "evidence": {"loss": 9.5, "threshold": 6.0}})
+
+
+def test_each_webhook_of_a_job_gets_a_payload_signed_with_its_own_secret(api, job, receiver,
+                                                                          other_user):
+    for_job = subscribe(api, receiver, "/job", job=job.pk)
+    for_all = subscribe(api, receiver, "/all")
+    assert for_job["secret"] != for_all["secret"]
+    assert all("secret" not in h for h in api.get("/api/webhooks/").json()["results"])
+    bystander = Webhook.objects.create(owner=other_user, url=receiver.url + "/bystander")
+
+    engine_anomaly(job)
+    assert sorted(d["path"] for d in receiver.deliveries) == ["/all", "/job"]
+    for delivery in receiver.deliveries:
+        assert delivery["verified"], delivery["path"]
+        assert delivery["event"] == "anomaly"
+        body = delivery["body"]
+        assert body["event"] == "anomaly"
+        assert body["job"] == {"id": job.pk, "name": "watched", "state": "running", "step": 0,
+                               "owner": "ada"}
+        assert body["data"]["kind"] == "loss_spike" and body["data"]["step"] == 7
+    for hook in Webhook.objects.filter(pk__in=[for_job["id"], for_all["id"]]):
+        assert hook.last_status.startswith("200 at ")
+    bystander.refresh_from_db()
+    assert bystander.last_status == ""
+    assert AuditEntry.objects.get(action="webhook.create", job=job).actor == "ada"
+
+
+def test_a_receiver_checking_the_signature_rejects_another_secret(api, job, receiver):
+    subscribe(api, receiver, "/job", job=job.pk)
+    receiver.secrets["/job"] = "not-the-secret"
+    engine_anomaly(job)
+    assert [d["verified"] for d in receiver.deliveries] == [False]
+
+
+def test_a_dead_receiver_is_recorded_and_does_not_stop_the_supervisor(api, job, settings):
+    settings.WEBHOOK_TIMEOUT_S = 0.5
+    created = api.post("/api/webhooks/", {"url": f"http://127.0.0.1:{free_port()}/gone",
+                                          "job": job.pk}, format="json").json()
+    engine_anomaly(job)
+    assert Webhook.objects.get(pk=created["id"]).last_status.startswith("failed: ")
+
+
+def test_a_webhook_on_another_users_job_is_refused_naming_the_field(api, other_user,
+                                                                    small_spec):
+    theirs = Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    response = api.post("/api/webhooks/", {"url": "http://127.0.0.1:9/x", "job": theirs.pk},
+                        format="json")
+    assert response.status_code == 400 and "job" in response.json()
+    assert not Webhook.objects.exists()

@@ -1,0 +1,186 @@
+"""Real services for the platform and browser tests: Redis, the test database, a Celery worker
+and an ASGI server, the last two as subprocesses pointed at the same test database and Redis DB.
+
+The fixtures are registered once, by tests/conftest.py, and switched on by the conftest of
+tests/platform and tests/e2e: a second registration (a conftest importing them) would make a
+second session instance that points this process's settings elsewhere mid-session.
+
+Redis: the suite's `redis_url` (REDIS_URL in CI, else an embedded redis-server) on a database
+number of its own, flushed before and after the session. Database: PostgreSQL when
+DATABASE_URL is set, else a SQLite file (var/test_ringside.sqlite3) the subprocesses can open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from ringside.services import (
+    child_env,
+    free_port,
+    python_module,
+    stop_process_group,
+    wait_for_port,
+)
+
+PLATFORM_REDIS_DB = 14
+SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
+              "train": {"steps": 6, "micro_batch": 2, "seq_len": 32, "eval_every": 0,
+                        "threads": 1},
+              "checkpoint": {"every": 0}}
+
+
+def _with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="session")
+def platform_redis_url(redis_url: str) -> str:
+    url = _with_db(redis_url, PLATFORM_REDIS_DB)
+    client = redis.Redis.from_url(url)
+    client.flushdb()  # job ids restart with each test database; so must their streams
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
+    """Point this process's settings, channel layer and Celery producer at the test services."""
+    from django.conf import settings
+
+    from ringside.celery import app
+
+    runs = tmp_path_factory.mktemp("runs")
+    # A queue of our own: no other worker on this Redis (another session's) takes our tasks.
+    queue = f"ringside-test-{os.getpid()}-{runs.name}"
+    # connections opened by websocket consumers' threads close after use, so the test
+    # database can be dropped at the end of the session
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+    settings.REDIS_URL = platform_redis_url
+    settings.RUNS_DIR = runs
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [platform_redis_url]
+    # the app reads Django's CELERY_* settings (namespace "CELERY"); a prefixed key outranks
+    # the plain one (`broker_url`), so the override must use the prefixed name
+    app.conf.CELERY_BROKER_URL = platform_redis_url
+    app.conf.CELERY_TASK_DEFAULT_QUEUE = queue
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield {"redis_url": platform_redis_url, "runs": runs, "queue": queue}
+
+
+def _database_url(settings_dict: dict) -> str:
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def service_env(_platform_settings, django_db_setup, django_db_blocker) -> dict[str, str]:
+    """The environment of a platform subprocess that shares this session's test services."""
+    from django.db import connection
+
+    return child_env(
+        DATABASE_URL=_database_url(connection.settings_dict),
+        REDIS_URL=_platform_settings["redis_url"],
+        RUNS_DIR=str(_platform_settings["runs"]),
+        CELERY_QUEUE=_platform_settings["queue"],
+        WORKER_CONCURRENCY="2",
+        JOB_CANCEL_GRACE_S="3",
+        LOG_LEVEL="WARNING",
+    )
+
+
+@pytest.fixture(scope="session")
+def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.Popen:
+    """A real Celery worker (prefork, 2 processes) on the session's queue."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            python_module("celery", "-A", "ringside", "worker", "--loglevel", "INFO",
+                          "--queues", service_env["CELERY_QUEUE"], "--concurrency", "2",
+                          "--without-mingle", "--without-gossip", "--hostname",
+                          f"test-{os.getpid()}@%h"),
+            env=service_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log
+    yield proc
+    stop_process_group(proc, grace_s=15)
+    if proc.returncode not in (0, -signal.SIGTERM):
+        sys.stderr.write(log.read_text(errors="replace")[-4000:])
+
+
+@pytest.fixture(scope="session")
+def live_server_url(service_env: dict[str, str], tmp_path_factory) -> str:
+    """The real ASGI server (daphne) on a free port: HTTP, static files and websockets."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("web") / "daphne.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            python_module("daphne", "-b", "127.0.0.1", "-p", str(port),
+                          "ringside.asgi:application"),
+            env=service_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, 60, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process_group(proc, grace_s=15)
+
+
+@pytest.fixture
+def small_spec() -> dict:
+    """A job that trains for a few seconds on one CPU rank."""
+    import copy
+
+    return copy.deepcopy(SMALL_SPEC)
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("ada", password="pw-ada-123")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("bob", password="pw-bob-123")
+
+
+@pytest.fixture
+def api(user):
+    """A DRF client authenticated with `user`'s API token."""
+    from rest_framework.test import APIClient
+
+    from jobs.models import ApiToken
+
+    client = APIClient()
+    token = ApiToken.objects.create(user=user, name="test")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def eventually():
+    """`eventually(predicate, timeout, message)`: poll until true, else fail with the message."""
+    return _eventually
+
+
+def _eventually(predicate, timeout: float, message: str = "", interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s: {message}")
+
