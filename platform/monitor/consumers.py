@@ -1,11 +1,19 @@
-"""Websocket `/ws/jobs/<id>/`: a snapshot of the job, then its live events.
+"""Websockets: `/ws/jobs/<id>/` (one job's telemetry) and `/ws/jobs/` (the list page).
 
-Every message is JSON with `type` and `seq`: first `{"type": "snapshot", "seq", "job",
-"series"}`, then the engine's events as published (`step`, `state`, `checkpoint`, `log`, ...)
-and `{"type": "job", ...}` when the platform moves the job's state. A client reconnecting with
-`?after=<seq>` gets, instead of the snapshot, exactly the stored events after that sequence
-number, then the live ones. The consumer joins the job's group before reading the database
-and drops live events it already sent, so nothing falls between the two.
+`/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
+`last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
+min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions` and
+`checkpoints` events), then the engine's events as published (`step`, `ops`, `experts`,
+`anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type": "job",
+...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>` gets,
+instead of the snapshot, exactly the stored events after that sequence number, then the live
+ones. The consumer joins the job's group before reading the database and drops live events it
+already sent, so nothing falls between the two; if live events were dropped on the way (the
+channel layer sheds messages for a client too slow to take them), the gap is read back from
+the database before the next event is sent, so a slow client loses nothing and slows no one.
+
+`/ws/jobs/`: a `snapshot` of the user's newest jobs, then a `job` message for every state
+change of a job the user may see (`seq` is the id of the state-history row).
 
 Refusals close the handshake with a code: 4401 not authenticated, 4404 no such job or not
 yours (staff may watch every job). A bad `after` is answered with an `error` message naming
@@ -14,22 +22,29 @@ it, then closed with 4400.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.contrib.auth.models import AnonymousUser
+from django.db import connection, transaction
 
-from jobs.models import Job
+from jobs.models import Job, JobEvent
+from jobs.permissions import visible_jobs
 from monitor.ingest import job_group
 from monitor.models import Event
-from monitor.series import job_series
+from monitor.series import metric_series, ops_sample
+from monitor.signals import STAFF_GROUP, user_group
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
+SNAPSHOT_POINTS = 600  # per series: enough to draw, small enough to send at once
+SNAPSHOT_FEED = 500  # newest anomalies, actions and checkpoints each
+SNAPSHOT_JOBS = 200  # newest jobs on the list socket
+REPLAY_CHUNK = 500  # stored events read per query when replaying
 
 
 class TokenAuthMiddleware:
@@ -48,14 +63,28 @@ class TokenAuthMiddleware:
 
 @database_sync_to_async
 def _user_for_token(key: str):
-    from rest_framework.authtoken.models import Token
+    from jobs.permissions import user_for_token
 
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token and token.user.is_active else AnonymousUser()
+    return user_for_token(key)
 
 
 def SessionOrTokenAuth(inner):  # noqa: N802 (named like Channels' own middleware stacks)
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
+
+
+@contextmanager
+def _consistent_read():
+    """One transaction whose queries all see the same committed data (PostgreSQL's default
+    isolation gives each query its own view; SQLite transactions are serializable anyway)."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+def _query_param(scope: dict[str, Any], name: str) -> str | None:
+    return parse_qs(scope.get("query_string", b"").decode()).get(name, [None])[0]
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
@@ -68,7 +97,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         if not await self._may_watch(user):
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        after = parse_qs(self.scope.get("query_string", b"").decode()).get("after", [None])[0]
+        after = _query_param(self.scope, "after")
         if after is not None and not after.isdigit():
             await self.accept()
             await self.send_json({"type": "error", "seq": 0,
@@ -84,9 +113,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(snapshot)
         else:
             self.sent_seq = int(after)
-            for event in await self._stored_after(self.sent_seq):
-                await self.send_json(event)
-                self.sent_seq = event["seq"]
+            await self._send_stored(until=None)
+            # state changes are pushed, not stored as events: one made while this client was
+            # away would otherwise never reach it
+            await self.send_json(await self._job_state())
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
@@ -96,32 +126,104 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "error", "seq": self.sent_seq,
                               "error": "this socket is read-only; steer the job through the API"})
 
-    async def job_message(self, message: dict[str, Any]) -> None:
-        event = message["message"]
-        if event["type"] != "job":
+    async def job_events(self, message: dict[str, Any]) -> None:
+        """A chunk of events forwarded by the ingest (or state changes from the platform)."""
+        for event in message["events"]:
+            if event["type"] == "job":
+                await self.send_json(event)
+                continue
             if event["seq"] <= self.sent_seq:
-                return  # already in the snapshot or the replay
+                continue  # already in the snapshot or the replay
+            if event["seq"] > self.sent_seq + 1:
+                await self._send_stored(until=event["seq"])  # dropped on the way: read back
+            await self.send_json(event)
             self.sent_seq = event["seq"]
-        await self.send_json(event)
+
+    async def _send_stored(self, until: int | None) -> None:
+        """Send the stored events after `sent_seq` (and before `until`), in order."""
+        while chunk := await self._stored_after(self.sent_seq, until):
+            for event in chunk:
+                await self.send_json(event)
+            self.sent_seq = chunk[-1]["seq"]
 
     @database_sync_to_async
     def _may_watch(self, user) -> bool:
-        jobs = Job.objects.filter(pk=self.job_id)
-        return (jobs if user.is_staff else jobs.filter(owner=user)).exists()
+        return visible_jobs(user).filter(pk=self.job_id).exists()
 
     @database_sync_to_async
-    def _stored_after(self, seq: int) -> list[dict[str, Any]]:
-        return list(Event.objects.filter(job_id=self.job_id, seq__gt=seq).order_by("seq")
-                    .values_list("data", flat=True))
+    def _stored_after(self, seq: int, until: int | None) -> list[dict[str, Any]]:
+        events = Event.objects.filter(job_id=self.job_id, seq__gt=seq)
+        if until is not None:
+            events = events.filter(seq__lt=until)
+        return list(events.order_by("seq").values_list("data", flat=True)[:REPLAY_CHUNK])
+
+    @database_sync_to_async
+    def _job_state(self) -> dict[str, Any]:
+        """The job's current state as the `job` message the platform pushes on a change."""
+        job = Job.objects.get(pk=self.job_id)
+        return {"type": "job", "seq": self.sent_seq, "state": job.state, "step": job.step,
+                "error": job.error}
 
     @database_sync_to_async
     def _snapshot(self) -> dict[str, Any]:
-        job = Job.objects.get(pk=self.job_id)
-        last = Event.objects.filter(job=job).order_by("-seq").values_list("seq", flat=True).first()
-        return {
-            "type": "snapshot",
-            "seq": last or 0,
-            "job": {"id": job.pk, "name": job.name, "state": job.state, "step": job.step,
-                    "total_steps": job.total_steps, "error": job.error},
-            "series": job_series(job.pk),
-        }
+        with _consistent_read():
+            job = Job.objects.get(pk=self.job_id)
+            events = Event.objects.filter(job=job)
+            last = events.order_by("-seq").values_list("seq", flat=True).first() or 0
+
+            def newest(type: str) -> list[dict[str, Any]]:
+                rows = events.filter(type=type).order_by("-seq")[:SNAPSHOT_FEED]
+                return list(reversed(rows.values_list("data", flat=True)))
+
+            experts = events.filter(type="experts").order_by("-seq").first()
+            return {
+                "type": "snapshot",
+                "seq": last,
+                "last_seq": last,
+                "state": job.state,
+                "spec": job.spec,
+                "job": {"id": job.pk, "name": job.name, "state": job.state, "step": job.step,
+                        "total_steps": job.total_steps, "error": job.error,
+                        "started_at": job.started_at and job.started_at.isoformat()},
+                "series": metric_series(job.pk, max_points=SNAPSHOT_POINTS),
+                "ops": ops_sample(job.pk),
+                "experts": experts.data if experts else None,
+                "anomalies": newest("anomaly"),
+                "actions": newest("action"),
+                "checkpoints": newest("checkpoint"),
+            }
+
+
+class JobListConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.groups_joined = [STAFF_GROUP if user.is_staff else user_group(user.pk)]
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send_json(await self._snapshot(user))
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs) -> None:
+        await self.send_json({"type": "error", "seq": 0, "error": "this socket is read-only"})
+
+    async def job_state(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
+
+    @database_sync_to_async
+    def _snapshot(self, user) -> dict[str, Any]:
+        with _consistent_read():
+            jobs = visible_jobs(user)
+            last = (JobEvent.objects.filter(job__in=jobs).order_by("-pk")
+                    .values_list("pk", flat=True).first())
+            return {"type": "snapshot", "seq": last or 0, "jobs": [
+                {"id": job.pk, "name": job.name, "state": job.state, "step": job.step,
+                 "total_steps": job.total_steps, "owner": job.owner.get_username()}
+                for job in jobs.order_by("-created_at", "-id")[
+                    :SNAPSHOT_JOBS]]}

@@ -1,10 +1,20 @@
 """What the engine reported about a job, as stored by the ingest.
 
 Every bus event is one `Event` row (unique per job and sequence number, so a redelivered
-event is stored once). Step events are also flattened into `MetricPoint` rows, one per
-(metric, step): long format, indexed by (job, name, step), so a series for any step window
-reads in index order and min/max downsampling is a GROUP BY over step buckets.
+event is stored once); replays to websocket clients read these. The events that pages query
+by step or by kind are also stored in a typed form:
+
+- `MetricPoint`: step events flattened, one row per (metric, step): long format, indexed by
+  (job, name, step), so a series for any step window reads in index order and min/max
+  downsampling is a GROUP BY over step buckets.
+- `OpsSample`, `ExpertLoad`: one row per (job, step) each, for the per-op timing table and the
+  expert-load heatmap, pointing at the event that holds the payload. A step trained again
+  (after a restart or a rollback) replaces its row.
+- `Anomaly`, `Action`, `Checkpoint`: one row per event (unique per job and sequence number),
+  with the fields the markers and feeds filter on as columns.
 """
+
+from pathlib import Path
 
 from django.db import models
 
@@ -34,3 +44,97 @@ class MetricPoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "name", "step"], name="metric_once_per_step")
         ]
+
+
+class OpsSample(models.Model):
+    """One step's per-op timing, aggregated over ranks by the engine (an `ops` event): the
+    columns that select and thin steps. The per-op and per-rank tables are the event's own
+    data (`Event` with this `seq`), stored once: an `ops` event is the largest the engine
+    sends, and a second copy doubled the ingest's database work."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="ops_samples")
+    step = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField(help_text="the event this row came from")
+    step_ms = models.FloatField(null=True)
+    void_share = models.FloatField(null=True, help_text="share of the step in no timed op")
+    data_wait_share = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["job", "step"]
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="ops_once_per_step")]
+
+
+class ExpertLoad(models.Model):
+    """One step's routing statistics (an `experts` event): the columns that select and thin
+    steps; the per-layer lists are the event's own data (`Event` with this `seq`)."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="expert_loads")
+    step = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField(help_text="the event this row came from")
+    max_violation = models.FloatField(null=True, help_text="the worst layer's load imbalance")
+    dead_experts = models.PositiveIntegerField(default=0, help_text="summed over layers")
+
+    class Meta:
+        ordering = ["job", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="experts_once_per_step")
+        ]
+
+
+class Anomaly(models.Model):
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="anomalies")
+    seq = models.PositiveBigIntegerField()
+    step = models.PositiveIntegerField()
+    time = models.FloatField()
+    kind = models.CharField(max_length=32, help_text='e.g. "loss_spike", "straggler"')
+    severity = models.CharField(max_length=16)
+    rank = models.IntegerField(null=True, help_text="null: a global signal, no single rank")
+    evidence = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="anomaly_once")]
+
+
+class Action(models.Model):
+    """What was done to the run: by the fault policy, by a command, or by the launcher."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="actions")
+    seq = models.PositiveBigIntegerField()
+    step = models.PositiveIntegerField()
+    time = models.FloatField()
+    action = models.CharField(max_length=32, help_text='e.g. "rollback", "lr_cut", "refused"')
+    by = models.CharField(max_length=16, blank=True, help_text='"policy", "command", ...')
+    command = models.CharField(max_length=64, blank=True,
+                               help_text="the id of the command it carries out, if any")
+    anomaly = models.CharField(max_length=32, blank=True, help_text="the kind it answers")
+    details = models.JSONField(default=dict, help_text="the event's other fields")
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="action_once")]
+        indexes = [models.Index(fields=["job", "command"])]
+
+
+class Checkpoint(models.Model):
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE,
+                            related_name="stored_checkpoints")
+    seq = models.PositiveBigIntegerField()
+    step = models.PositiveIntegerField()
+    time = models.FloatField()
+    path = models.CharField(max_length=1024)
+    tier = models.CharField(max_length=16, blank=True, help_text='"disk" or "memory"')
+    size_bytes = models.PositiveBigIntegerField(null=True)
+    strategy = models.CharField(max_length=8, blank=True)
+    world_size = models.PositiveIntegerField(null=True)
+    blocking_s = models.FloatField(null=True, help_text="how long training waited for it")
+
+    @property
+    def available(self) -> bool:
+        """Still on disk (or in the memory tier): the engine's retention (checkpoint.keep)
+        deletes old ones, and their rows stay as the job's history."""
+        return Path(self.path).exists()
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="checkpoint_once")]

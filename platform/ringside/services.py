@@ -6,6 +6,7 @@ Shared by `manage.py serve` and the platform's test fixtures, which start the sa
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,3 +69,15 @@ def redis_server_command(port: int, data_dir: Path) -> list[str]:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM a child started in its own session (and everything it started), SIGKILL it
+    after `grace_s`."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -54,7 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -106,6 +106,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A pool, not persistent connections: under ASGI each request runs its view in a thread of
+    # its own, and a persistent connection stays open with its dead thread until collected (20
+    # API clients opened ~90 and exhausted PostgreSQL's 100). A request borrows one of at most
+    # `max_size` per process and hands it back when it ends.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -131,15 +138,34 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
+# How long a running engine gets to act on a cancel command before the SIGTERM.
+JOB_CANCEL_COMMAND_WAIT_S = float(os.environ.get("JOB_CANCEL_COMMAND_WAIT_S", "3"))
+# A supervisor beats the job row every JOB_HEARTBEAT_S; the reaper (Celery beat, every
+# JOB_REAPER_INTERVAL_S) requeues a job whose beat is older than JOB_HEARTBEAT_TIMEOUT_S. With
+# these defaults a lost worker's job is requeued within 40 s (issue 8: resumed within 60 s).
+JOB_HEARTBEAT_S = float(os.environ.get("JOB_HEARTBEAT_S", "5"))
+JOB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("JOB_HEARTBEAT_TIMEOUT_S", "30"))
+JOB_REAPER_INTERVAL_S = float(os.environ.get("JOB_REAPER_INTERVAL_S", "10"))
+CELERY_BEAT_SCHEDULE = {
+    "reap-lost-supervisors": {"task": "jobs.tasks.reap", "schedule": JOB_REAPER_INTERVAL_S,
+                              "options": {"expires": JOB_REAPER_INTERVAL_S}},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# named API tokens a user may create in any hour (jobs.permissions.token_creation_wait)
+API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
+WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "jobs.permissions.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # password guesses through the API, per client address; the counter lives in the default
+    # cache, which is per process: a limit per web process
+    "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("THROTTLE_LOGIN", "20/minute")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {

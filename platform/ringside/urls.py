@@ -5,21 +5,36 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from jobs import views
-from jobs.api import JobViewSet, TokenView
+from jobs.api import (
+    ApiTokenViewSet,
+    AuditView,
+    JobViewSet,
+    PlanView,
+    TokenView,
+    WebhookViewSet,
+)
+from jobs.tokens import tokens_page
 
 # API names ("job-list", "job-detail", ...) come from the router; pages have their own.
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
+router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("", views.job_list, name="home"),
     path("jobs/new/", views.job_new, name="new-job"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-page"),
+    path("compare/", views.compare, name="compare"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("tokens/", tokens_page, name="tokens"),
     path("api/auth/token/", TokenView.as_view(), name="api-token"),
+    path("api/plan/", PlanView.as_view(), name="api-plan"),
+    path("api/audit/", AuditView.as_view(), name="api-audit"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/", include("monitor.urls")),  # telemetry reads: ops, experts
     path("api/", include(router.urls)),
 ]

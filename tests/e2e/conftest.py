@@ -1,4 +1,4 @@
-"""The browser tests run against the platform's real services (see tests/platform/conftest.py)
+"""The browser tests run against the platform's real services (tests/platform/services.py)
 and Debian's Chromium driven by Playwright."""
 
 import os
@@ -7,16 +7,6 @@ from pathlib import Path
 
 import pytest
 from django.db import connections
-
-from tests.platform.conftest import (  # noqa: F401 (fixtures)
-    _platform_settings,
-    celery_worker,
-    eventually,
-    live_server_url,
-    platform_redis_url,
-    service_env,
-    user,
-)
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update",
@@ -30,6 +20,11 @@ def chromium_path() -> str | None:
         if candidate and os.path.exists(candidate):
             return candidate
     return None
+
+
+@pytest.fixture(autouse=True)
+def _services(_platform_settings):
+    """This process's settings, channel layer and Celery producer on the test services."""
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +51,18 @@ def browser():
 
 @pytest.fixture
 def page(browser, request):
+    """A laptop-sized page. Its last view is saved as test-results/<test>/last.png (what a
+    failed test was looking at), and an uncaught script error fails the test."""
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
     yield page
+    folder = RESULTS / request.node.name
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=folder / "last.png", full_page=True)
     context.close()
+    assert not errors, f"uncaught errors in the page's scripts: {errors}"
 
 
 @pytest.fixture

@@ -39,8 +39,14 @@ def test_launch_the_tiny_job_watch_its_loss_chart_fill_live_and_cancel_it(
     # points arrive over the websocket while the page stays loaded (no reload, no polling)
     expect(job).to_have_attribute("data-live-steps", re.compile(r"^([3-9]|\d\d+)$"),
                                   timeout=120_000)
-    points = page.evaluate("document.getElementById('chart-loss').data[0].y")
+    points = page.evaluate(
+        "document.getElementById('chart-loss').data.find(t => t.name === 'loss').y")
     assert len(points) >= 3 and all(isinstance(v, float) and v > 0 for v in points)
+    # the rank's own CPU % (above) and RSS (below) on the system chart, filled by the same events
+    system = page.evaluate("document.getElementById('chart-system').data"
+                           ".map(t => [t.name, t.yaxis, t.y.filter(v => v > 0).length])")
+    assert [(name, axis) for name, axis, _ in system] == [("rank 0", "y"), ("rank 0", "y2")]
+    assert all(filled >= 3 for _, _, filled in system)
     page.screenshot(path=output_dir / "job-running.png", full_page=True)
 
     page.click("#cancel")

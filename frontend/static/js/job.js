@@ -1,99 +1,206 @@
-// The job page: a websocket snapshot, then live events extend the charts (no polling).
+// The job page: a websocket snapshot, then live events update every panel (no polling). On a
+// dropped connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
 import { api } from "./api.js";
+import { Controls } from "./controls.js";
+import { duration, el, num, rows } from "./format.js";
+import { MetricCharts } from "./metrics.js";
+import { Telemetry } from "./telemetry.js";
 
 const root = document.getElementById("job");
 const jobId = root.dataset.jobId;
-const CHARTS = {
-  loss: { title: "Loss", color: "#2563eb" },
-  tokens_per_s: { title: "Throughput (tokens/s)", color: "#059669" },
-};
+const totalSteps = Number(root.dataset.totalSteps);
+const spec = JSON.parse(document.getElementById("job-spec").textContent);
 const FINAL = new Set(["completed", "failed", "cancelled"]);
-const stateEl = document.getElementById("state");
-const stepEl = document.getElementById("step");
-const liveEl = document.getElementById("live");
-const errorEl = document.getElementById("error");
-const cancelButton = document.getElementById("cancel");
-let state = stateEl.textContent.trim();
+const FEED_KEEP = 300;
+const $ = (id) => document.getElementById(id);
 
-function drawCharts(series) {
-  for (const [name, { title, color }] of Object.entries(CHARTS)) {
-    const s = series[name] ?? { step: [], value: [] };
-    Plotly.newPlot(
-      `chart-${name}`,
-      [{ x: s.step, y: s.value, mode: "lines+markers", marker: { size: 4 }, line: { color } }],
-      {
-        title: { text: title, font: { size: 14 } },
-        margin: { l: 60, r: 20, t: 40, b: 40 },
-        xaxis: { title: { text: "step" } },
-        height: 320,
-      },
-      { responsive: true, displaylogo: false },
-    );
-  }
+let state = $("state").textContent.trim();
+let lastSeq = null; // newest event received; null until the snapshot
+let startedAt = root.dataset.startedAt ? Date.parse(root.dataset.startedAt) : null;
+let finishedAt = root.dataset.finishedAt ? Date.parse(root.dataset.finishedAt) : null;
+let step = Number($("step").textContent);
+const rate = []; // [engine time (s), step] of recent step events, for the ETA
+
+// What the markers and the feed show, each list in sequence order, unique by seq.
+const marks = { anomalies: [], actions: [], checkpoints: [] };
+function remember(kind, event) {
+  const list = marks[kind];
+  if (event.seq !== undefined && list.some((e) => e.seq === event.seq)) return false;
+  list.push(event);
+  return true;
 }
 
-function addStep(event) {
-  for (const name of Object.keys(CHARTS)) {
-    const value = event[name];
-    if (value === undefined) continue;
-    Plotly.extendTraces(`chart-${name}`, { x: [[event.step]], y: [[typeof value === "number" ? value : null]] }, [0]);
+const controls = new Controls({ id: jobId, spec, state: () => state });
+const charts = new MetricCharts(jobId, {
+  markers: () => marks,
+  onPickCheckpoint: (c) => controls.pick(checkpointWithId(c)),
+});
+const telemetry = new Telemetry();
+let checkpointIds = new Map(); // step -> the API's checkpoint row (with its id)
+
+function checkpointWithId(c) {
+  return { ...c, ...(checkpointIds.get(c.step) ?? {}) };
+}
+
+// the rollback list: the checkpoints still on disk (retention deletes old ones), the newest
+// of each step (a step trained again after a rollback is checkpointed again)
+function showCheckpoints() {
+  const newest = new Map(marks.checkpoints.map((c) => [c.step, c]));
+  controls.setCheckpoints([...newest.values()].sort((a, b) => a.step - b.step)
+    .map(checkpointWithId).filter((c) => c.available !== false));
+}
+
+// -- progress ------------------------------------------------------------------------------
+function showProgress() {
+  $("step").textContent = step;
+  const share = totalSteps ? Math.min(1, step / totalSteps) : 0;
+  $("progress-bar").style.width = `${(share * 100).toFixed(1)}%`;
+  const end = finishedAt ?? Date.now();
+  $("elapsed").textContent = startedAt ? duration((end - startedAt) / 1000) : "–";
+  let eta = "–";
+  if (!FINAL.has(state) && rate.length >= 2) {
+    const [t0, s0] = rate[0], [t1, s1] = rate.at(-1);
+    if (s1 > s0 && t1 > t0) eta = duration(((totalSteps - step) * (t1 - t0)) / (s1 - s0));
+  } else if (FINAL.has(state)) {
+    eta = "done";
   }
-  stepEl.textContent = event.step;
+  $("eta").textContent = eta;
+}
+setInterval(showProgress, 1000); // the elapsed clock; nothing is fetched
+
+// -- state, history, feed ------------------------------------------------------------------
+function showState(next, error) {
+  state = next;
+  $("state").textContent = next;
+  $("state").className = `state state-${next}`;
+  controls.enable(next);
+  if (FINAL.has(next)) { $("live").textContent = "finished"; finishedAt ??= Date.now(); }
+  if (error) { $("error").textContent = error; $("error").hidden = false; }
+}
+
+async function loadDetail() {
+  const { ok, data } = await api(`/api/jobs/${jobId}/`);
+  if (!ok) return;
+  startedAt = data.started_at ? Date.parse(data.started_at) : startedAt;
+  finishedAt = data.finished_at ? Date.parse(data.finished_at) : finishedAt;
+  $("history").replaceChildren(...(data.transitions ?? []).map((t) => el("tr", {},
+    el("td", {}, new Date(t.time).toLocaleTimeString()),
+    el("td", {}, `${t.from_state} → `, el("strong", {}, t.to_state)),
+    el("td", {}, [t.cause, t.actor].filter(Boolean).join(" · ")),
+    el("td", { class: "muted" }, t.message))));
+}
+
+async function loadCheckpoints() {
+  const { ok, data } = await api(`/api/jobs/${jobId}/checkpoints/`);
+  if (!ok) return;
+  checkpointIds = new Map(rows(data).map((c) => [c.step, c]));
+  showCheckpoints();
+}
+
+function feedItem(kind, e) {
+  const text = kind === "anomaly"
+    ? [`${e.kind} (${e.severity})`, e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
+       Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")]
+    : [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
+       e.reason ?? "", e.error ?? ""];
+  return el("li", { class: `feed-${kind}`, dataset: { kind: kind === "anomaly" ? e.kind : e.action, step: e.step } },
+    el("span", { class: "feed-step" }, `step ${e.step}`), " ",
+    el("span", { class: `tag tag-${kind}` }, kind), " ", text.filter(Boolean).join(" · "));
+}
+
+function addFeed(kind, event) {
+  const feed = $("feed");
+  feed.querySelector(".empty")?.remove();
+  feed.prepend(feedItem(kind, event));
+  while (feed.children.length > FEED_KEEP) feed.lastChild.remove();
+}
+
+// -- events ----------------------------------------------------------------------------------
+function onStep(event) {
+  charts.add(event);
+  step = event.step; // events arrive in order; after a rollback this goes back, as the run did
+  rate.push([event.time, event.step]);
+  if (rate.length > 30) rate.shift();
+  showProgress();
   // how many steps arrived live (after the snapshot): what the browser tests look for
   root.dataset.liveSteps = Number(root.dataset.liveSteps ?? 0) + 1;
 }
 
-function showState(next, error) {
-  state = next;
-  stateEl.textContent = next;
-  stateEl.className = `state state-${next}`;
-  cancelButton.disabled = FINAL.has(next);
-  if (FINAL.has(next)) liveEl.textContent = "finished";
-  if (error) {
-    errorEl.textContent = error;
-    errorEl.hidden = false;
+function onMark(kind, event) {
+  const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints" }[kind];
+  if (!remember(key, event)) return;
+  if (kind !== "checkpoint") addFeed(kind, event);
+  charts.redrawMarkers();
+  if (kind === "action") {
+    controls.acknowledge(event);
+    // a rollback replaced steps: the stored series now hold the values trained again
+    if (event.action === "rollback") charts.refetch();
+  }
+  if (kind === "checkpoint") {
+    showCheckpoints();
+    loadCheckpoints();
+  }
+}
+
+function onSnapshot(message) {
+  for (const key of Object.keys(marks)) marks[key] = [];
+  $("feed").replaceChildren(el("li", { class: "empty muted" }, "No anomaly or action yet."));
+  for (const e of message.anomalies ?? []) onMark("anomaly", e);
+  for (const e of message.actions ?? []) onMark("action", e);
+  for (const e of message.checkpoints ?? []) remember("checkpoints", e);
+  charts.load(message.series);
+  if (message.ops) telemetry.addOps(message.ops);
+  if (message.experts) telemetry.addExperts(message.experts);
+  const job = message.job ?? {};
+  if (job.started_at) startedAt = Date.parse(job.started_at);
+  step = job.step ?? step;
+  showState(job.state ?? message.state, job.error);
+  showProgress();
+  showCheckpoints();
+  loadCheckpoints();
+}
+
+function onMessage(message) {
+  if (message.type !== "job" && typeof message.seq === "number") lastSeq = Math.max(lastSeq ?? 0, message.seq);
+  switch (message.type) {
+    case "snapshot": onSnapshot(message); break;
+    case "step": onStep(message); break;
+    case "ops": telemetry.addOps(message); break;
+    case "experts": telemetry.addExperts(message); break;
+    case "anomaly": case "action": case "checkpoint": onMark(message.type, message); break;
+    case "job":
+      showState(message.state, message.error);
+      loadDetail();
+      controls.refresh();
+      // after a reshard or resume the engine starts anew: its first steps set a new pace
+      if (["queued", "paused"].includes(message.state)) rate.length = 0;
+      break;
+    default: break;
   }
 }
 
 let retry = 500;
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/`);
-  socket.onopen = () => { retry = 500; liveEl.textContent = FINAL.has(state) ? "finished" : "live"; };
-  socket.onmessage = ({ data }) => {
-    const message = JSON.parse(data);
-    if (message.type === "snapshot") {
-      drawCharts(message.series);
-      showState(message.job.state, message.job.error);
-      stepEl.textContent = message.job.step;
-    } else if (message.type === "step") {
-      addStep(message);
-    } else if (message.type === "job") {
-      showState(message.state, message.error);
-    }
-  };
+  const after = lastSeq === null ? "" : `?after=${lastSeq}`;
+  const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/${after}`);
+  socket.onopen = () => { retry = 500; $("live").textContent = FINAL.has(state) ? "finished" : "live"; };
+  socket.onmessage = ({ data }) => onMessage(JSON.parse(data));
   socket.onclose = (event) => {
     if (event.code === 4401 || event.code === 4404) {
-      liveEl.textContent = "not allowed to watch this job";
+      $("live").textContent = "not allowed to watch this job";
     } else if (!FINAL.has(state)) {
-      // the server restarted or the network dropped: reconnect; the snapshot fills the gap
-      liveEl.textContent = "reconnecting…";
+      // the server restarted or the network dropped: reconnect after the last seq received
+      $("live").textContent = "reconnecting…";
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 10000);
     } else {
-      liveEl.textContent = "finished";
+      $("live").textContent = "finished";
     }
   };
 }
 
-cancelButton.disabled = FINAL.has(state);
-cancelButton.addEventListener("click", async () => {
-  cancelButton.disabled = true;
-  const { ok, data } = await api(`/api/jobs/${jobId}/cancel/`, { method: "POST" });
-  document.getElementById("action-result").textContent = ok
-    ? "Cancel requested; the ranks stop within seconds."
-    : `Refused: ${data?.detail ?? "unknown error"}`;
-  if (!ok) cancelButton.disabled = FINAL.has(state);
-});
-
+controls.enable(state);
+showProgress();
+loadDetail();
 connect();

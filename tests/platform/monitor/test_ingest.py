@@ -52,10 +52,13 @@ def test_step_events_are_stored_acknowledged_and_forwarded(job, bus, platform_re
     assert bus.xpending(events_stream(str(job.pk)), GROUP)["pending"] == 0
     job.refresh_from_db()
     assert job.step == 5
-    async def receive_all(n):
-        return [(await layer.receive(channel))["message"] for _ in range(n)]
+    async def receive_events(n):
+        events = []
+        while len(events) < n:  # forwarded in chunks, one channel-layer message each
+            events += (await layer.receive(channel))["events"]
+        return events
 
-    forwarded = async_to_sync(receive_all)(6)
+    forwarded = async_to_sync(receive_events)(6)
     assert [m["seq"] for m in forwarded] == [1, 2, 3, 4, 5, 6]
     assert forwarded[0]["type"] == "step" and forwarded[-1]["type"] == "log"
     assert ingest.poll(block_ms=50) == []
@@ -105,3 +108,27 @@ def test_step_metrics_flattens_numbers_and_marks_non_finite_values():
     event = {"type": "step", "job": "1", "step": 3, "time": 1.0, "seq": 9, "loss": "nan",
              "grad_norm": 2, "ok": True, "memory": {"rss_bytes": 10, "device": "cpu"}}
     assert step_metrics(event) == {"loss": None, "grad_norm": 2.0, "memory.rss_bytes": 10.0}
+
+
+def test_per_rank_system_metrics_are_stored_as_one_series_per_rank(job, bus, platform_redis_url):
+    """A step event's lists hold one value per rank (`system.cpu_percent: [a, b]`): each rank
+    gets a series of its own; a value a rank did not measure (None) stores no point."""
+    log = EventLog(str(job.pk), bus_url=platform_redis_url)
+    for step in (1, 2):
+        log.emit("step", step, loss=1.0, system={
+            "cpu_percent": [95.0 * step, 40.0], "rss_bytes": [2**30, 2**29 * step],
+            "gpu_util_percent": [None, 50.0]})
+    log.close()
+    StreamIngest(job.pk, bus).poll(block_ms=100)
+
+    stored = {}
+    for name, step, value in MetricPoint.objects.filter(
+            job=job, name__startswith="system.").values_list("name", "step", "value"):
+        stored.setdefault(name, {})[step] = value
+    assert stored == {
+        "system.cpu_percent.rank0": {1: 95.0, 2: 190.0},
+        "system.cpu_percent.rank1": {1: 40.0, 2: 40.0},
+        "system.rss_bytes.rank0": {1: 2.0**30, 2: 2.0**30},
+        "system.rss_bytes.rank1": {1: 2.0**29, 2: 2.0**30},
+        "system.gpu_util_percent.rank1": {1: 50.0, 2: 50.0},
+    }

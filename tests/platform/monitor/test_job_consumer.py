@@ -5,10 +5,9 @@ import redis
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
-from rest_framework.authtoken.models import Token
 
 from engine.runtime.events import EventLog
-from jobs.models import Job
+from jobs.models import ApiToken, Job
 from monitor.ingest import StreamIngest, store_events
 from ringside.asgi import application
 
@@ -37,7 +36,8 @@ async def test_anonymous_clients_are_refused(job):
 async def test_only_the_owner_may_watch_a_job(job, other_user):
     connected, code = await communicator(job, user=other_user).connect()
     assert (connected, code) == (False, 4404)
-    stranger_token = await database_sync_to_async(Token.objects.create)(user=other_user)
+    stranger_token = await database_sync_to_async(ApiToken.objects.create)(user=other_user,
+                                                                           name="ws")
     connected, code = await communicator(job, f"?token={stranger_token.key}").connect()
     assert (connected, code) == (False, 4404)
     connected, code = await communicator(job, "?token=" + "f" * 40).connect()
@@ -49,14 +49,14 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
     await database_sync_to_async(store_events)(job.pk, [
         {"type": "step", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 1, "loss": 5.5,
          "tokens_per_s": 900.0}])
-    token = await database_sync_to_async(Token.objects.create)(user=user)
+    token = await database_sync_to_async(ApiToken.objects.create)(user=user, name="ws")
     comm = communicator(job, f"?token={token.key}")
     connected, _ = await comm.connect()
     assert connected
     snapshot = await comm.receive_json_from(timeout=5)
     assert snapshot["type"] == "snapshot" and snapshot["seq"] == 1
     assert snapshot["job"]["state"] == "queued" and snapshot["job"]["total_steps"] == 6
-    assert snapshot["series"]["loss"] == {"step": [1], "value": [5.5]}
+    assert snapshot["series"]["loss"] == {"step": [1], "value": [5.5], "min": [5.5], "max": [5.5]}
 
     def publish_and_ingest():
         # the engine's side (EventLog on the bus) and the supervisor's side (the ingest)
@@ -89,15 +89,18 @@ async def test_staff_may_watch_any_job_with_their_session(job, django_user_model
     await comm.disconnect()
 
 
-async def test_a_client_reconnecting_after_a_seq_gets_exactly_what_it_missed(job, user):
+async def test_a_client_reconnecting_after_a_seq_gets_what_it_missed_then_the_job_state(
+        job, user):
     await database_sync_to_async(store_events)(job.pk, [
         {"type": "step", "job": str(job.pk), "step": s, "time": 1.0, "seq": s, "loss": 6.0 - s}
         for s in (1, 2, 3)])
     comm = communicator(job, "?after=1", user=user)
     connected, _ = await comm.connect()
     assert connected
-    replay = [await comm.receive_json_from(timeout=5) for _ in range(2)]
-    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3)]
+    replay = [await comm.receive_json_from(timeout=5) for _ in range(3)]
+    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3), ("job", 3)]
+    # a state change pushed while the client was away is not an event: it comes as the state
+    assert replay[-1]["state"] == job.state
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
 

@@ -82,6 +82,8 @@ def test_serve_runs_the_platform_restarts_a_dead_child_and_stops_on_ctrl_c(var_d
         assert serve.get("/") == 200
         assert serve.get("/static/plotly/plotly.min.js") == 200
         assert len(serve.token(password)) == 40
+        commands = [" ".join(p.cmdline()) for p in psutil.Process(serve.proc.pid).children()]
+        assert any("celery -A ringside beat" in c for c in commands), commands  # the reaper
 
         web = next(p for p in psutil.Process(serve.proc.pid).children()
                    if "daphne" in " ".join(p.cmdline()))

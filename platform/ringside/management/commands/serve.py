@@ -1,10 +1,10 @@
 """`manage.py serve` (what `make run` runs): the whole platform as one supervised process tree.
 
 Migrates, makes sure the `admin` user exists, then starts and watches its children: an
-embedded Redis (unless REDIS_URL is set), the ASGI server (daphne) on PORT and a Celery
-worker. A child that dies is restarted with backoff. SIGINT/SIGTERM stops the training ranks
-first (so their supervisors record how the jobs ended), then the worker, the web server and
-Redis, and exits.
+embedded Redis (unless REDIS_URL is set), the ASGI server (daphne) on PORT, a Celery worker
+and Celery beat (the reaper of lost jobs, jobs.tasks.reap). A child that dies is restarted
+with backoff. SIGINT/SIGTERM stops the training ranks first (so their supervisors record how
+the jobs ended), then beat, the worker, the web server and Redis, and exits.
 """
 
 from __future__ import annotations
@@ -113,7 +113,10 @@ class Command(BaseCommand):
             "--queues", settings.CELERY_TASK_DEFAULT_QUEUE,
             "--concurrency", str(settings.CELERY_WORKER_CONCURRENCY),
             "--hostname", f"ringside-{os.getpid()}@%h"), env)
-        for child in (web, worker):
+        # the periodic reaper (jobs.tasks.reap) that requeues jobs whose supervisor was lost
+        beat = Child("beat", python_module(
+            "celery", "-A", "ringside", "beat", "--loglevel", "WARNING"), env)
+        for child in (web, worker, beat):
             child.start()
             children.append(child)
         wait_for_port(port, 60, web.proc, host="127.0.0.1" if host == "0.0.0.0" else host)
@@ -123,7 +126,7 @@ class Command(BaseCommand):
         try:
             self.watch(children)
         finally:
-            self.shutdown(worker, web, children)
+            self.shutdown(worker, web, beat, children)
 
     def request_stop(self, signum, frame) -> None:
         if not self.stopping:
@@ -152,7 +155,7 @@ class Command(BaseCommand):
                 child.backoff = min(child.backoff * 2, MAX_BACKOFF_S)
             time.sleep(0.25)
 
-    def shutdown(self, worker: Child, web: Child, children: list[Child]) -> None:
+    def shutdown(self, worker: Child, web: Child, beat: Child, children: list[Child]) -> None:
         # Training ranks run under the worker's pool processes (children of the worker's main
         # process). SIGTERM them first: the engine stops its ranks and each job's supervisor
         # records the outcome while the database, Redis and the worker are still up.
@@ -166,7 +169,7 @@ class Command(BaseCommand):
                     pass
             psutil.wait_procs(engines, timeout=settings.JOB_CANCEL_GRACE_S + 5)
             time.sleep(1.0)  # let the supervisors write the final states
-        for child in (worker, web, *(c for c in children if c not in (worker, web))):
+        for child in (beat, worker, web, *(c for c in children if c not in (beat, worker, web))):
             child.stop()
         self.log("stopped")
 

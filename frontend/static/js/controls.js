@@ -1,0 +1,211 @@
+// The job page's controls. Each one is a command to the API (202 with the command); its
+// result appears when the engine acknowledges it: the `action` event naming the command id,
+// or the command's own state as the API reports it after each state change of the job.
+import { api } from "./api.js";
+import { bytes, duration, el, errorText, rows } from "./format.js";
+import { PlanTable } from "./plan.js";
+
+const FINAL = new Set(["completed", "failed", "cancelled"]);
+const ALLOWED = {
+  pause: (s) => s === "running",
+  checkpoint: (s) => s === "running",
+  rollback: (s) => s === "running",
+  reshard: (s) => s === "running",
+  resume: (s) => s === "paused",
+  cancel: (s) => !FINAL.has(s),
+  clone: () => true,
+};
+const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
+                rollback: "Rollback", reshard: "Reshard" };
+
+function describe(result) {
+  if (!result || typeof result !== "object") return result ? String(result) : "";
+  const parts = [];
+  if (result.from_step !== undefined && result.to_step !== undefined) {
+    parts.push(`step ${result.from_step} → ${result.to_step}`);
+  }
+  if (result.skip_data) parts.push("data window skipped");
+  if (result.parallel) {
+    const p = result.parallel;
+    parts.push(`${p.strategy} on ${p.nodes}×${p.procs_per_node}`);
+  }
+  const path = result.checkpoint ?? result.path;
+  if (path) parts.push(String(path).split("/").pop());
+  if (result.error) parts.push(result.error);
+  if (result.state) parts.push(`job ${result.state}`);
+  return parts.join(", ");
+}
+
+export class Controls {
+  constructor(job) {
+    this.job = job; // {id, spec, state()}
+    this.commands = new Map(); // id -> {kind, state, entry}
+    this.checkpoints = [];
+    this.picked = null;
+    this.resultEl = document.getElementById("action-result");
+    this.list = document.getElementById("results");
+    for (const kind of Object.keys(ALLOWED)) {
+      document.getElementById(kind).addEventListener("click", () => this.click(kind));
+    }
+    document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
+    document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
+    const layout = job.spec.parallel ?? {};
+    this.nodes = document.getElementById("reshard-nodes");
+    this.procs = document.getElementById("reshard-procs");
+    this.nodes.value = layout.nodes ?? 1;
+    this.procs.value = layout.procs_per_node ?? 1;
+    this.strategy = layout.strategy ?? "NNN";
+    this.plan = new PlanTable(document.getElementById("reshard-plan"), {
+      onPick: (s) => { this.strategy = s; this.showPrediction(); },
+      selected: () => this.strategy,
+    });
+    for (const input of [this.nodes, this.procs]) input.addEventListener("input", () => this.replan());
+  }
+
+  enable(state) {
+    for (const [kind, allowed] of Object.entries(ALLOWED)) {
+      document.getElementById(kind).disabled = !allowed(state);
+    }
+    for (const id of ["rollback-go", "reshard-go"]) document.getElementById(id).disabled = state !== "running";
+  }
+
+  click(kind) {
+    if (kind === "rollback" || kind === "reshard") {
+      const panel = document.getElementById(`${kind}-panel`);
+      panel.hidden = !panel.hidden;
+      if (kind === "reshard" && !panel.hidden) this.replan();
+      return;
+    }
+    if (kind === "clone") return this.clone();
+    return this.send(kind);
+  }
+
+  async send(kind, body) {
+    const button = document.getElementById(kind);
+    button.disabled = true;
+    const { ok, status, data } = await api(`/api/jobs/${this.job.id}/${kind}/`, { method: "POST", body });
+    if (!ok) {
+      this.show(kind, `${LABEL[kind]} refused: ${errorText(data, status)}`, "refused");
+      this.enable(this.job.state());
+      return null;
+    }
+    const command = data?.kind ? data : null; // cancel of a queued job answers with the job
+    const entry = this.entry(command?.id ?? `${kind}-${Date.now()}`, kind);
+    const settled = ["done", "refused"].includes(command?.state);
+    const text = kind === "cancel" ? "Cancel requested; the ranks stop within seconds."
+      : settled ? `${LABEL[kind]} ${command.state}: ${describe(command.result)}`
+        : `${LABEL[kind]} sent; waiting for the engine at the next step boundary…`;
+    this.update(entry, command?.state ?? "pending", text);
+    if (command) this.commands.set(String(command.id), { kind, entry });
+    return command;
+  }
+
+  entry(id, kind) {
+    const li = el("li", { dataset: { commandId: id, kind } });
+    this.list.prepend(li);
+    return li;
+  }
+
+  update(entry, state, text) {
+    entry.dataset.state = state;
+    entry.replaceChildren(el("strong", {}, LABEL[entry.dataset.kind] ?? entry.dataset.kind),
+                          " ", el("span", { class: `cmd-state cmd-${state}` }, state), " ", text);
+    this.resultEl.textContent = text;
+    this.resultEl.dataset.kind = entry.dataset.kind;
+    this.resultEl.dataset.state = state;
+  }
+
+  show(kind, text, state) {
+    this.update(this.entry(`${kind}-${Date.now()}`, kind), state, text);
+  }
+
+  // An `action` event: the engine carried out (or refused) a command.
+  acknowledge(event) {
+    const known = this.commands.get(String(event.command));
+    if (!known) return;
+    const refused = event.action === "refused";
+    const text = refused ? `${LABEL[known.kind]} refused by the engine: ${event.error}`
+      : `${LABEL[known.kind]} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
+    this.update(known.entry, refused ? "refused" : "done", text);
+  }
+
+  // The API's view of the commands (GET /commands/), read after each state change of the job.
+  async refresh() {
+    const { ok, data } = await api(`/api/jobs/${this.job.id}/commands/`);
+    if (!ok) return;
+    for (const command of rows(data)) {
+      const known = this.commands.get(String(command.id));
+      if (!known || known.entry.dataset.state === command.state) continue;
+      if (command.state === "done" || command.state === "refused") {
+        const detail = describe(command.result);
+        this.update(known.entry, command.state,
+          `${LABEL[known.kind]} ${command.state}${detail ? `: ${detail}` : ""}`);
+      } else if (command.state === "delivered") {
+        known.entry.dataset.state = "delivered";
+      }
+    }
+  }
+
+  // -- rollback: pick a checkpoint in the list or on the loss chart ----------------------------
+  setCheckpoints(checkpoints) {
+    this.checkpoints = checkpoints;
+    const list = document.getElementById("checkpoint-list");
+    if (!checkpoints.length) {
+      list.replaceChildren(el("li", { class: "muted" }, "No checkpoint yet."));
+      return;
+    }
+    list.replaceChildren(...[...checkpoints].reverse().map((c) => el("li", {},
+      el("label", { class: "inline" },
+        el("input", { type: "radio", name: "checkpoint", value: c.step, checked: this.picked?.step === c.step,
+                      onchange: () => this.pick(c) }),
+        ` step ${c.step}`, el("span", { class: "muted" },
+          ` · ${c.tier || "disk"} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`)))));
+  }
+
+  pick(checkpoint) {
+    this.picked = checkpoint;
+    document.getElementById("rollback-panel").hidden = false;
+    for (const radio of document.querySelectorAll("#checkpoint-list input")) {
+      radio.checked = Number(radio.value) === checkpoint.step;
+    }
+    document.getElementById("rollback-picked").textContent = `checkpoint of step ${checkpoint.step}`;
+  }
+
+  async rollback() {
+    if (!this.picked) {
+      this.show("rollback", "Rollback: pick a checkpoint in the list or on the loss chart first.", "refused");
+      return;
+    }
+    const skip = document.getElementById("rollback-skip").checked;
+    // the API's checkpoint id when the list came from it; else the step (newest at or before)
+    const target = this.picked.id !== undefined ? { checkpoint: this.picked.id } : { step: this.picked.step };
+    await this.send("rollback", { ...target, skip_data: skip });
+  }
+
+  // -- reshard: a layout, the planner's prediction for each strategy -----------------------
+  replan() {
+    this.plan.update({
+      preset: this.job.spec.model?.preset || "tiny",
+      nodes: this.nodes.value, procs_per_node: this.procs.value,
+      grad_accum: this.job.spec.train?.grad_accum ?? 1,
+      collective: this.job.spec.parallel?.collective ?? "native",
+    });
+  }
+
+  showPrediction() {
+    const p = this.plan.prediction(this.strategy);
+    document.getElementById("reshard-picked").textContent = p
+      ? `${p.strategy}: ${bytes(p.memory_bytes.total)} per device, ${duration(p.step_time_s)} per step (predicted)`
+      : this.strategy;
+  }
+
+  async reshard() {
+    await this.send("reshard", { strategy: this.strategy, nodes: Number(this.nodes.value),
+                                 procs_per_node: Number(this.procs.value) });
+  }
+
+  // The launch form, filled from this job's spec, to change before launching a new job
+  clone() {
+    window.location.assign(`/jobs/new/?clone=${this.job.id}`);
+  }
+}

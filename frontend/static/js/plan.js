@@ -1,0 +1,77 @@
+// The PaRO planner's table (GET /api/plan/): predicted memory per device and step time for
+// every strategy on one model and layout. Used by the launch form and the reshard control.
+import { api } from "./api.js";
+import { bytes, duration, el, errorText } from "./format.js";
+
+const PARAMS = ["preset", "nodes", "procs_per_node", "grad_accum", "collective", "memory_budget_gb"];
+
+export class PlanTable {
+  // `onPick(strategy)` runs when a row is chosen; `selected()` names the chosen strategy.
+  constructor(container, { onPick, selected }) {
+    this.container = container;
+    this.onPick = onPick;
+    this.selected = selected;
+    this.request = 0;
+    this.timer = null;
+  }
+
+  // Debounced: typing in a field asks once, after the typing stops.
+  update(params) {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.load(params), 250);
+  }
+
+  async load(params) {
+    const query = new URLSearchParams();
+    for (const key of PARAMS) {
+      if (params[key] !== undefined && params[key] !== "") query.set(key, params[key]);
+    }
+    const request = ++this.request;
+    this.container.dataset.state = "loading";
+    const { ok, status, data } = await api(`/api/plan/?${query}`);
+    if (request !== this.request) return; // a newer request is on its way
+    if (!ok) {
+      this.container.replaceChildren(el("p", { class: "error" }, `Planner: ${errorText(data, status)}`));
+      this.container.dataset.state = "error";
+      return;
+    }
+    this.plans = data.plans;
+    this.render(data);
+    this.container.dataset.state = "ready";
+  }
+
+  render({ memory_budget_bytes: budget, plans }) {
+    const chosen = this.selected();
+    const body = plans.map((p) => el("tr", {
+      class: [p.fits ? "fits" : "no-fit", p.strategy === chosen ? "chosen" : ""].join(" "),
+      dataset: { strategy: p.strategy },
+      onclick: () => { this.onPick(p.strategy); this.mark(p.strategy); },
+    },
+    el("td", {}, el("input", { type: "radio", value: p.strategy, // no name: not a form field; mark() keeps one checked
+                               checked: p.strategy === chosen, "aria-label": p.strategy })),
+    el("td", {}, el("strong", {}, p.strategy)),
+    el("td", { class: "num" }, bytes(p.memory_bytes.params)),
+    el("td", { class: "num" }, bytes(p.memory_bytes.grads)),
+    el("td", { class: "num" }, bytes(p.memory_bytes.optim)),
+    el("td", { class: "num" }, bytes(p.memory_bytes.total)),
+    el("td", { class: "num" }, duration(p.step_time_s)),
+    el("td", {}, p.fits ? "fits" : "too big")));
+    this.container.replaceChildren(el("table", { class: "plan" },
+      el("caption", {}, `Per device; budget ${bytes(budget)}. Fastest that fits first.`),
+      el("thead", {}, el("tr", {}, ["", "strategy", "params", "grads", "optimizer", "total",
+                                    "step time", ""].map((h) => el("th", {}, h)))),
+      el("tbody", {}, body)));
+  }
+
+  mark(strategy) {
+    for (const row of this.container.querySelectorAll("tr[data-strategy]")) {
+      const on = row.dataset.strategy === strategy;
+      row.classList.toggle("chosen", on);
+      row.querySelector("input").checked = on;
+    }
+  }
+
+  prediction(strategy) {
+    return this.plans?.find((p) => p.strategy === strategy);
+  }
+}

@@ -1,0 +1,176 @@
+// Per-op timing and expert load on the job page, from `ops` and `experts` events: the per-op
+// time breakdown per step, a rank x op heatmap (each cell: that rank's time over the median
+// rank's, so a straggler is a red row), bus bandwidth per collective group, and the
+// expert-load heatmap (layer x expert, any kept step).
+
+const CONFIG = { responsive: true, displaylogo: false };
+const KEEP = 300; // steps of ops/experts kept in the page; older ones live on the server
+const RANK_WINDOW = 10; // steps averaged in the rank heatmap, so one noisy step does not flicker
+const STRAGGLER_RATIO = 1.3; // a rank this much slower than the median on own compute is named
+
+function median(values) {
+  const sorted = values.filter((v) => v !== undefined).sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+function layout(title, extra = {}) {
+  return { title: { text: title, font: { size: 14 } }, margin: { l: 90, r: 16, t: 36, b: 40 },
+           height: 280, uirevision: "keep", ...extra };
+}
+
+// Top-level ops (no dot in the name) and every collective: the rows a person reads first.
+function headline(ops) {
+  return Object.keys(ops).filter((name) => !name.includes(".") || ops[name].kind === "collective");
+}
+
+// Kept events, one per step, in step order; a step trained again replaces its entry.
+class StepBuffer {
+  constructor() { this.items = []; }
+  put(event) {
+    const i = this.items.findIndex((e) => e.step >= event.step);
+    if (i === -1) this.items.push(event);
+    else if (this.items[i].step === event.step) this.items[i] = event;
+    else this.items.splice(i, 0, event);
+    if (this.items.length > KEEP) this.items.shift();
+  }
+  get last() { return this.items.at(-1); }
+}
+
+export class Telemetry {
+  constructor() {
+    this.ops = new StepBuffer();
+    this.experts = new StepBuffer();
+    this.frame = null;
+    this.dirty = new Set();
+    this.slider = document.getElementById("experts-step");
+    this.slider.addEventListener("input", () => this.drawExperts());
+  }
+
+  addOps(event) { this.ops.put(event); this.schedule("ops"); }
+  addExperts(event) { this.experts.put(event); this.schedule("experts"); }
+
+  schedule(what) {
+    this.dirty.add(what);
+    this.frame ??= requestAnimationFrame(() => {
+      this.frame = null;
+      if (this.dirty.has("ops")) { this.drawBreakdown(); this.drawRanks(); this.drawBandwidth(); }
+      if (this.dirty.has("experts")) this.drawExperts();
+      this.dirty.clear();
+    });
+  }
+
+  drawBreakdown() {
+    const events = this.ops.items;
+    const names = new Set();
+    for (const e of events) for (const n of headline(e.ops)) if (e.ops[n].kind !== "collective") names.add(n);
+    const steps = events.map((e) => e.step);
+    const traces = [...names].sort().map((name) => ({
+      type: "bar", name, x: steps,
+      y: events.map((e) => e.ops[name]?.median_ms ?? 0),
+      hovertemplate: `${name}: %{y:.2f} ms<extra>step %{x}</extra>`,
+    }));
+    // time in collectives, summed, and time in no timed op: together with the ops, the step
+    traces.push({ type: "bar", name: "collectives", x: steps, marker: { color: "#f59e0b" },
+                  y: events.map((e) => Object.values(e.ops).filter((o) => o.kind === "collective")
+                    .reduce((sum, o) => sum + o.median_ms, 0)) });
+    traces.push({ type: "bar", name: "untimed", x: steps, marker: { color: "#d1d5db" },
+                  y: events.map((e) => (e.step_ms ?? 0) * (e.void_share ?? 0)) });
+    Plotly.react("chart-ops", traces, layout("Time per step by op (median rank, ms)",
+      { barmode: "stack", bargap: 0.05, xaxis: { title: { text: "step" } }, legend: { font: { size: 10 } } }), CONFIG);
+  }
+
+  drawRanks() {
+    const recent = this.ops.items.slice(-RANK_WINDOW);
+    const last = recent.at(-1);
+    if (!last) return;
+    const ops = headline(last.ops).filter((n) => last.ops[n].per_rank_ms?.length);
+    const ranks = last.ranks?.length ?? last.ops[ops[0]]?.per_rank_ms.length ?? 0;
+    // a rank's own compute: its step less its time in collectives and data. Compute ops that
+    // enclose collectives (forward_backward around the gradient reduce-scatter) also hold the
+    // time fast ranks spend waiting for a slow one, so only this column tells who is slow
+    // (the engine's straggler detector reads the same number).
+    const OWN = "own compute";
+    const cell = (e, name, rank) => (name === OWN
+      ? [e.ranks?.[rank]?.compute_ms, median((e.ranks ?? []).map((r) => r.compute_ms))]
+      : [e.ops[name]?.per_rank_ms?.[rank], e.ops[name]?.median_ms]);
+    const columns = last.ranks?.length ? [OWN, ...ops] : ops;
+    // mean over the window of (rank's time / median rank's time), per column
+    const ratio = (name, rank) => {
+      const values = recent.map((e) => cell(e, name, rank))
+        .filter(([t, m]) => t !== undefined && m > 0).map(([t, m]) => t / m);
+      return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
+    };
+    const z = [], text = [];
+    for (let r = 0; r < ranks; r += 1) {
+      z.push(columns.map((name) => ratio(name, r)));
+      text.push(columns.map((name) => `${(cell(last, name, r)[0] ?? 0).toFixed(2)} ms`));
+    }
+    let straggler = null, worst = STRAGGLER_RATIO;
+    if (columns[0] === OWN) {
+      z.forEach((row, r) => { if ((row[0] ?? 0) > worst) { worst = row[0]; straggler = r; } });
+    }
+    const labels = [...Array(ranks).keys()].map((r) => (r === straggler ? `rank ${r} ⚠ straggler` : `rank ${r}`));
+    const chart = document.getElementById("chart-ranks");
+    chart.dataset.straggler = straggler ?? "";
+    Plotly.react(chart, [{
+      type: "heatmap", z, x: columns, y: labels, text, zmin: 0.5, zmax: 2.5,
+      colorscale: [[0, "#dbeafe"], [0.25, "#ffffff"], [0.5, "#fecaca"], [1, "#b91c1c"]],
+      colorbar: { title: { text: "× median" }, thickness: 12 },
+      hovertemplate: "%{y}, %{x}<br>%{text} (%{z:.2f}× the median rank)<extra></extra>",
+    }], layout(`Rank × op: time over the median rank (last ${recent.length} steps)`,
+      { height: Math.max(260, 170 + 28 * ranks), yaxis: { autorange: "reversed" },
+        margin: { l: 130, r: 16, t: 36, b: 130 }, xaxis: { tickangle: -60, dtick: 1 } }), CONFIG);
+  }
+
+  drawBandwidth() {
+    const byGroup = {};
+    for (const e of this.ops.items) {
+      const sums = {};
+      for (const o of Object.values(e.ops)) {
+        if (o.kind !== "collective" || !o.bytes) continue;
+        const s = (sums[o.group || "global"] ??= { bytes: 0, weighted: 0 });
+        s.bytes += o.bytes;
+        s.weighted += o.bytes * (o.busbw_gbps ?? 0);
+      }
+      for (const [group, s] of Object.entries(sums)) {
+        const t = (byGroup[group] ??= { x: [], y: [] });
+        t.x.push(e.step);
+        t.y.push(s.weighted / s.bytes);
+      }
+    }
+    const traces = Object.entries(byGroup).map(([group, t]) => ({
+      type: "scatter", mode: "lines+markers", marker: { size: 4 }, name: group, ...t,
+      hovertemplate: `${group}: %{y:.3f} GB/s<extra>step %{x}</extra>`,
+    }));
+    Plotly.react("chart-bandwidth", traces, layout("Collective bus bandwidth per group (GB/s, bytes-weighted)",
+      { xaxis: { title: { text: "step" } }, margin: { l: 60, r: 16, t: 36, b: 40 } }), CONFIG);
+  }
+
+  drawExperts() {
+    const items = this.experts.items;
+    if (!items.length) return;
+    const max = items.length - 1;
+    const following = this.slider.max === "" || Number(this.slider.value) >= Number(this.slider.max);
+    this.slider.max = max;
+    if (following) this.slider.value = max; // stay on the newest step unless scrubbing back
+    const event = items[Number(this.slider.value)];
+    const layers = event.layers ?? [];
+    // load relative to a perfectly balanced router: 1 = its fair share of tokens
+    const z = layers.map((l) => {
+      const t = l.tokens_per_expert ?? [];
+      const mean = t.reduce((a, b) => a + b, 0) / (t.length || 1);
+      return t.map((v) => (mean ? v / mean : 0));
+    });
+    const worst = Math.max(0, ...layers.map((l) => l.max_violation ?? 0));
+    const dead = layers.reduce((sum, l) => sum + (l.dead_experts ?? 0), 0);
+    document.getElementById("experts-label").textContent =
+      `step ${event.step} · max violation ${worst.toFixed(2)} · dead experts ${dead}`;
+    Plotly.react("chart-experts", [{
+      type: "heatmap", z, y: layers.map((_, i) => `MoE layer ${i}`), zmin: 0, zmax: 3,
+      colorscale: "YlOrRd", colorbar: { title: { text: "× fair share" }, thickness: 12 },
+      hovertemplate: "%{y}, expert %{x}: %{z:.2f}× its fair share<extra></extra>",
+    }], layout("Expert load (layer × expert)", { xaxis: { title: { text: "expert" } },
+      height: Math.max(200, 90 + 30 * layers.length), yaxis: { autorange: "reversed" } }), CONFIG);
+  }
+}

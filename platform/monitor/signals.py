@@ -1,0 +1,66 @@
+"""Every job state change, wherever it is made (API, supervisor, reaper), is pushed to the
+job's websocket group and to the list sockets of those who may see the job.
+
+It hangs on the state-history row (`JobEvent`) that `Job.transition` writes, and is sent after
+the transaction commits, so a client never hears of a state the database does not hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+
+from jobs.models import JobEvent
+
+log = logging.getLogger(__name__)
+
+STAFF_GROUP = "jobs-staff"
+
+
+def user_group(user_id: int) -> str:
+    """The channel-layer group of one user's list sockets."""
+    return f"jobs-user-{user_id}"
+
+
+def state_message(row: JobEvent, seq: int) -> dict[str, Any]:
+    job = row.job
+    return {"type": "job", "seq": seq, "job": job.pk, "name": job.name, "state": row.to_state,
+            "from_state": row.from_state, "cause": row.cause, "actor": row.actor,
+            "message": row.message, "time": row.time.isoformat(), "step": job.step,
+            "total_steps": job.total_steps, "error": job.error}
+
+
+@receiver(post_save, sender=JobEvent, dispatch_uid="monitor-push-state")
+def push_state_change(sender, instance: JobEvent, created: bool, **kwargs) -> None:
+    if created:
+        transaction.on_commit(lambda: _push(instance))
+
+
+def _push(row: JobEvent) -> None:
+    from monitor.ingest import job_group
+    from monitor.models import Event
+
+    # on the job socket, seq is the newest event the client may already hold
+    last = (Event.objects.filter(job_id=row.job_id).order_by("-seq")
+            .values_list("seq", flat=True).first() or 0)
+    layer = get_channel_layer()
+
+    async def send() -> None:
+        await layer.group_send(job_group(row.job_id),
+                               {"type": "job.events", "events": [state_message(row, last)]})
+        listed = {"type": "job.state", "event": state_message(row, row.pk)}
+        await layer.group_send(user_group(row.job.owner_id), listed)
+        await layer.group_send(STAFF_GROUP, listed)
+
+    try:
+        async_to_sync(send)()
+    except Exception:
+        # the change is committed; a client that missed the push reads it from its next
+        # snapshot, so a channel-layer outage must not fail the caller's state change
+        log.exception("job %s: could not push the state change to websockets", row.job_id)

@@ -1,0 +1,165 @@
+"""A person launches a 2x2 `tiny` job from the form with an injected loss spike and a slow
+rank, watches the dashboard explain both, and steers the run from its page: checkpoint,
+rollback to a checkpoint picked on the loss chart, pause, resume, reshard onto another
+strategy, cancel. Every control's result appears on the page; screenshots of each stage go
+to test-results/."""
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SPIKE_STEP, SLOW_RANK, SLOW_FROM = 12, 3, 14
+ENGINE_START_S = 120_000  # ms: an engine (re)launch on two busy cores, ranks and all
+
+
+def log_in(page: Page, url: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("input[name=username]", "ada")
+    page.fill("input[name=password]", "pw-ada-123")
+    page.click("button:has-text('Log in')")
+    expect(page.locator("h1")).to_have_text("Jobs")
+
+
+def fill_launch_form(page: Page) -> None:
+    form = page.locator("#launch")
+    plan = page.locator("#launch-plan")
+    form.locator("input[name=name]").fill("steer-e2e")
+    form.locator("select[name='model.preset']").select_option("tiny")
+    form.locator("input[name='parallel.nodes']").fill("2")
+    form.locator("input[name='parallel.procs_per_node']").fill("2")
+    # the planner follows the layout: ten strategies for 2x2, one picked into the form
+    expect(plan).to_have_attribute("data-state", "ready", timeout=30_000)
+    expect(plan.locator("tr[data-strategy]")).to_have_count(10)
+    plan.locator("tr[data-strategy=NNG]").click()
+    expect(form.locator("select[name='parallel.strategy']")).to_have_value("NNG")
+    fields = {"train.steps": "400", "train.micro_batch": "2", "train.seq_len": "64",
+              "train.warmup": "5", "train.eval_every": "0", "train.threads": "1",
+              "checkpoint.every": "5", "faults.policy.actions.straggler": "observe"}
+    for name, value in fields.items():
+        form.locator(f"[name='{name}']").fill(value)
+    for kind, step, rank, factor in (("loss_spike", SPIKE_STEP, 1, 10),
+                                     ("slow_rank", SLOW_FROM, SLOW_RANK, 4)):
+        page.click("#add-fault")
+        row = page.locator("#inject-rows .inject-row").last
+        row.locator("[data-field=kind]").select_option(kind)
+        row.locator("[data-field=step]").fill(str(step))
+        row.locator("[data-field=rank]").fill(str(rank))
+        row.locator("[data-field=factor]").fill(str(factor))
+
+
+def command_result(page: Page, kind: str):
+    return page.locator(f"#results li[data-kind={kind}]").first
+
+
+def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
+        page, live_server_url, celery_worker, user, output_dir):
+    log_in(page, live_server_url)
+    page.click("text=New job")
+    fill_launch_form(page)
+    with page.expect_response(lambda r: r.url.endswith("/api/jobs/")) as created:
+        page.locator("#launch button[type=submit]").click()
+    assert created.value.status == 201, created.value.text()
+    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
+    page.screenshot(path=output_dir / "1-job-page.png", full_page=True)
+
+    # the loss chart fills live; the spike gets its anomaly marker on the curve
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    expect(page.locator("#job")).to_have_attribute("data-live-steps", re.compile(r"^\d\d+$"),
+                                                   timeout=60_000)
+    page.wait_for_function(
+        """step => (document.getElementById('chart-loss').data || [])
+             .some(t => t.name === 'anomalies' && t.x.includes(step))""",
+        arg=SPIKE_STEP, timeout=60_000)
+    # the marker sits on the curve at the spike's step; its hover names the anomaly and rank
+    page.wait_for_function(
+        """step => document.getElementById('chart-loss').data
+             .find(t => t.name === 'loss').x.includes(step)""", arg=SPIKE_STEP)
+    marker = page.evaluate("""step => {
+        const t = document.getElementById('chart-loss').data.find(t => t.name === 'anomalies');
+        const i = t.x.indexOf(step);
+        return { y: t.y[i], text: t.text[i] };
+    }""", SPIKE_STEP)
+    assert marker["y"] > 0 and "loss_spike" in marker["text"] and "rank: 1" in marker["text"]
+    expect(page.locator("#feed li[data-kind=loss_spike]")).to_have_count(1)
+
+    # the slow rank is the straggler row of the rank x op heatmap
+    expect(page.locator("#chart-ranks")).to_have_attribute("data-straggler", str(SLOW_RANK),
+                                                           timeout=60_000)
+    expect(page.locator("#chart-ranks")).to_contain_text(f"rank {SLOW_RANK} ⚠ straggler")
+    page.screenshot(path=output_dir / "2-spike-and-straggler.png", full_page=True)
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    page.screenshot(path=output_dir / "2-wide-screen.png", full_page=True)
+    page.set_viewport_size({"width": 1366, "height": 900})
+
+    # checkpoint now: acknowledged by the engine with the checkpoint it wrote
+    page.click("#checkpoint")
+    expect(command_result(page, "checkpoint")).to_have_attribute("data-state", "done",
+                                                                timeout=60_000)
+    expect(command_result(page, "checkpoint")).to_contain_text(re.compile(r"step-\d+"))
+
+    # roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data
+    page.click("#rollback")
+    target = page.evaluate("""() => {
+        const gd = document.getElementById('chart-loss');
+        const trace = gd.data.find(t => t.name === 'checkpoints');
+        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=3)
+        const { xaxis, yaxis, _size } = gd._fullLayout;
+        const box = gd.querySelector('.nsewdrag').getBoundingClientRect();
+        return { step: trace.x[i], x: box.left + xaxis.l2p(trace.x[i]),
+                 y: box.top + yaxis.l2p(trace.y[i]) };
+    }""")
+    page.mouse.click(target["x"], target["y"])
+    expect(page.locator("#rollback-picked")).to_have_text(f"checkpoint of step {target['step']}")
+    page.check("#rollback-skip")
+    page.click("#rollback-go")
+    rollback = command_result(page, "rollback")
+    expect(rollback).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(rollback).to_contain_text(f"→ {target['step']}")
+    expect(rollback).to_contain_text("data window skipped")
+    page.wait_for_function(
+        """() => document.getElementById('chart-loss').data
+             .some(t => t.name === 'actions' && t.text.some(s => s.includes('rollback')))""")
+    page.screenshot(path=output_dir / "3-rolled-back.png", full_page=True)
+
+    # pause: checkpoint and stop
+    expect(page.locator("#pause")).to_be_enabled(timeout=ENGINE_START_S)
+    page.click("#pause")
+    expect(command_result(page, "pause")).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(page.locator("#state")).to_have_text("paused", timeout=60_000)
+    page.screenshot(path=output_dir / "4-paused.png", full_page=True)
+    history = page.locator("#history")
+    expect(history).to_contain_text("paused")
+    # the steps trained again after the rollback replaced the old ones: the curve never
+    # runs backwards
+    steps = page.evaluate("""() => document.getElementById('chart-loss').data
+        .find(t => t.name === 'loss').x""")
+    assert steps == sorted(set(steps)) and steps[-1] > target["step"]
+
+    # resume: the engine comes back from the pause checkpoint and the page follows it
+    page.click("#resume")
+    expect(command_result(page, "resume")).to_have_attribute("data-state", "done",
+                                                              timeout=60_000)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
+
+    # reshard onto another strategy on the same 2x2 layout, picked in the planner's table
+    page.click("#reshard")
+    plan = page.locator("#reshard-plan")
+    expect(plan).to_have_attribute("data-state", "ready", timeout=30_000)
+    plan.locator("tr[data-strategy=NIG]").click()
+    expect(page.locator("#reshard-picked")).to_contain_text("NIG:")
+    page.click("#reshard-go")
+    reshard = command_result(page, "reshard")
+    expect(reshard).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    expect(reshard).to_contain_text("NIG")
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    page.screenshot(path=output_dir / "6-resharded.png", full_page=True)
+
+    # cancel: the ranks stop and the page says so
+    page.click("#cancel")
+    expect(page.locator("#state")).to_have_text("cancelled", timeout=60_000)
+    expect(history).to_contain_text("cancelled")
+    page.screenshot(path=output_dir / "7-cancelled.png", full_page=True)
