@@ -16,16 +16,39 @@ by step or by kind are also stored in a typed form:
 
 from pathlib import Path
 
+import orjson
 from django.db import models
 
 
+class EventDocument(models.JSONField):
+    """An event as published, stored on PostgreSQL as `json` (text checked to be JSON), not
+    `jsonb`: jsonb converts every number to `numeric`, which made storing the events several
+    times slower than all the rest of the ingest (ops events hold hundreds of floats), and no
+    query looks inside an event. Its table compresses it with lz4 where the server can
+    (migration 0004). Values are JSON objects."""
+
+    def db_type(self, connection) -> str:
+        return "json" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def from_db_value(self, value, expression, connection):
+        # psycopg parses a `json` column itself; SQLite gives the text
+        return orjson.loads(value) if isinstance(value, str) else value
+
+
+def _job_key(related_name: str) -> models.ForeignKey:
+    """The job a row belongs to. No index of its own: every table here has a unique index
+    that starts with the job, and the ingest updates one index fewer per stored row."""
+    return models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name=related_name,
+                             db_index=False)
+
+
 class Event(models.Model):
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="bus_events")
+    job = _job_key("bus_events")
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=16)
     step = models.PositiveIntegerField()
     time = models.FloatField(help_text="the engine's wall-clock time, seconds since the epoch")
-    data = models.JSONField(help_text="the whole event as published")
+    data = EventDocument(help_text="the whole event as published")
 
     class Meta:
         ordering = ["job", "seq"]
@@ -34,7 +57,7 @@ class Event(models.Model):
 
 
 class MetricPoint(models.Model):
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="metric_points")
+    job = _job_key("metric_points")
     name = models.CharField(max_length=64, help_text='e.g. "loss", "memory.rss_bytes"')
     step = models.PositiveIntegerField()
     value = models.FloatField(null=True, help_text="null when the engine reported NaN or inf")
@@ -52,7 +75,7 @@ class OpsSample(models.Model):
     data (`Event` with this `seq`), stored once: an `ops` event is the largest the engine
     sends, and a second copy doubled the ingest's database work."""
 
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="ops_samples")
+    job = _job_key("ops_samples")
     step = models.PositiveIntegerField()
     seq = models.PositiveBigIntegerField(help_text="the event this row came from")
     step_ms = models.FloatField(null=True)
@@ -68,7 +91,7 @@ class ExpertLoad(models.Model):
     """One step's routing statistics (an `experts` event): the columns that select and thin
     steps; the per-layer lists are the event's own data (`Event` with this `seq`)."""
 
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="expert_loads")
+    job = _job_key("expert_loads")
     step = models.PositiveIntegerField()
     seq = models.PositiveBigIntegerField(help_text="the event this row came from")
     max_violation = models.FloatField(null=True, help_text="the worst layer's load imbalance")
@@ -82,7 +105,7 @@ class ExpertLoad(models.Model):
 
 
 class Anomaly(models.Model):
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="anomalies")
+    job = _job_key("anomalies")
     seq = models.PositiveBigIntegerField()
     step = models.PositiveIntegerField()
     time = models.FloatField()
@@ -99,7 +122,7 @@ class Anomaly(models.Model):
 class Action(models.Model):
     """What was done to the run: by the fault policy, by a command, or by the launcher."""
 
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="actions")
+    job = _job_key("actions")
     seq = models.PositiveBigIntegerField()
     step = models.PositiveIntegerField()
     time = models.FloatField()
@@ -117,8 +140,7 @@ class Action(models.Model):
 
 
 class Checkpoint(models.Model):
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE,
-                            related_name="stored_checkpoints")
+    job = _job_key("stored_checkpoints")
     seq = models.PositiveBigIntegerField()
     step = models.PositiveIntegerField()
     time = models.FloatField()
