@@ -50,12 +50,12 @@ def test_the_learning_rate_warms_up_then_decays():
 
 
 def test_tiny_loss_falls_on_one_and_two_ranks_and_the_ranks_agree(tmp_path):
-    one = run(tmp_path, tiny_spec("one", steps=60, ranks=1, micro_batch=4))
-    two = run(tmp_path, tiny_spec("two", steps=60, ranks=2, micro_batch=2))
+    one = run(tmp_path, tiny_spec("one", steps=40, ranks=1, micro_batch=4))
+    two = run(tmp_path, tiny_spec("two", steps=40, ranks=2, micro_batch=2))
 
     for events in (one, two):
         curve = losses(events)
-        assert len(curve) == 60
+        assert len(curve) == 40
         assert sum(curve[-10:]) / 10 < 0.75 * sum(curve[:5]) / 5
         states = [e["state"] for e in events if e["type"] == "state"]
         assert states == ["starting", "running", "completed"]
