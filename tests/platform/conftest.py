@@ -1,8 +1,16 @@
 """Every platform test runs against the session's real services (tests/platform/services.py)."""
 
 import pytest
+from channels.layers import channel_layers
 
 
 @pytest.fixture(autouse=True)
 def _services(_platform_settings):
-    """This process's settings, channel layer and Celery producer on the test services."""
+    """This process's settings, channel layer and Celery producer on the test services; a
+    channel layer of its own for each test. Each async test runs in an event loop of its own,
+    and a Redis channel layer that a consumer of an earlier test's loop still receives on keeps
+    that loop's receive lock: the next loop to receive on it failed ("bound to a different
+    event loop")."""
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
