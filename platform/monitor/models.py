@@ -22,10 +22,10 @@ from django.db import models
 
 class EventDocument(models.JSONField):
     """An event as published, stored on PostgreSQL as `json` (text checked to be JSON), not
-    `jsonb`: jsonb converts every number to `numeric`, which made storing the events several
-    times slower than all the rest of the ingest (ops events hold hundreds of floats), and no
-    query looks inside an event. Its table compresses it with lz4 where the server can
-    (migration 0004). Values are JSON objects."""
+    `jsonb`, which converts every number to `numeric` (an `ops` event holds hundreds of
+    floats): with lz4 compression (migration 0004) the engine's event mix went in 3x faster as
+    json than as jsonb, measured side by side. No query looks inside an event. Values are JSON
+    objects."""
 
     def db_type(self, connection) -> str:
         return "json" if connection.vendor == "postgresql" else super().db_type(connection)
