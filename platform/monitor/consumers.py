@@ -54,7 +54,7 @@ class TokenAuthMiddleware:
         self.inner = inner
 
     async def __call__(self, scope, receive, send):
-        token = parse_qs(scope.get("query_string", b"").decode()).get("token", [None])[0]
+        token = _query_param(scope, "token")
         user = scope.get("user")
         if token and (user is None or not user.is_authenticated):
             scope = {**scope, "user": await _user_for_token(token)}
