@@ -96,10 +96,10 @@ class Span:
     def __exit__(self, *exc: Any) -> None:
         timer = self.timer
         timer._depth -= 1
+        timer.returned_ns = t1 = perf_counter_ns()
         if self.deferred:
             return
         if timer._cuda is None:
-            t1 = perf_counter_ns()
             del timer._open[id(self)]
             timer._account(self, self.t0, t1, STREAM_HOST if timer._depth == 0 else -1)
         else:
@@ -238,6 +238,7 @@ class OpTimer:
         self._sampling = bool(sample_every and start_step % sample_every == 0)
         self.last_op = ""
         self.step_started_ns = perf_counter_ns()
+        self.returned_ns = 0  # when the training thread last came back from a timed op
         # perf_counter is per host; this offset turns it into wall-clock ns for the trace
         self.wall_offset_ns = time.time_ns() - perf_counter_ns()
         self._cuda = None

@@ -2,12 +2,12 @@
 
 It fires when an op in flight is older than `timeout_s` - the innermost host op (an outer op
 whose inner ops keep finishing is making progress) or any async op - or, with no op in
-flight, when no step has ended for `timeout_s` (a rank stuck between timed ops). On firing it
-dumps every thread's Python stack of this process with faulthandler into `dump_dir`, then
-calls `on_hang` with a `hang` Anomaly naming the rank and the op (with its group and
-sequence number for a collective). It fires once per stuck op and re-arms when the rank makes
-progress. It runs outside the blocked thread, so a blocked training thread cannot silence it;
-`pause()` suspends it while a job is paused on purpose.
+flight, when for `timeout_s` no step has ended and no timed op has returned (a rank stuck
+between timed ops). On firing it dumps every thread's Python stack of this process with
+faulthandler into `dump_dir`, then calls `on_hang` with a `hang` Anomaly naming the rank and
+the op (with its group and sequence number for a collective). It fires once per stuck op and
+re-arms when the rank makes progress. It runs outside the blocked thread, so a blocked
+training thread cannot silence it; `pause()` suspends it while a job is paused on purpose.
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ class HangWatchdog:
             if span.info.kind == "collective":
                 evidence.update(group=span.info.group, algo=span.info.algo)
         else:
-            age, key = now - self.timer.step_started_ns, ("step", self.timer.step_started_ns)
+            # timed from the last progress: a long op that just returned is not a hang
+            since = max(self.timer.step_started_ns, self.timer.returned_ns)
+            age, key = now - since, ("idle", since)
             evidence = {"op": None, "last_op": self.timer.last_op}
         if age <= self.timeout_ns or key == self._fired_for:
             return None

@@ -80,6 +80,19 @@ def test_an_outer_op_whose_inner_ops_progress_is_not_a_hang(tmp_path):
     assert [a.evidence["op"] for a in fired] == ["backward"]
 
 
+def test_a_long_op_that_has_returned_is_progress_not_a_second_hang(tmp_path):
+    timer = OpTimer()
+    fired: list[Anomaly] = []
+    dog = HangWatchdog(timer, timeout_s=0.2, dump_dir=tmp_path, on_hang=fired.append)
+    with timer.op("forward"):
+        time.sleep(0.3)
+        assert dog.check().evidence["op"] == "forward"
+    assert dog.check() is None  # it returned just now: the rank is moving again
+    time.sleep(0.3)
+    assert dog.check().evidence["op"] is None  # and stuck after it, it is caught
+    assert [a.evidence["op"] for a in fired] == ["forward", None]
+
+
 def test_a_rank_stuck_between_timed_ops_is_caught_by_step_progress(tmp_path):
     timer = OpTimer()
     with timer.op("data", kind="data"):
