@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 
 import pytest
@@ -137,9 +138,12 @@ def hang_rank_main(rank: int, port: int, out: str) -> None:
     timer = OpTimer(rank)
     injector = FaultInjector([FaultInjection("hang", step=HANG_STEP, rank=HANG_RANK)], rank)
 
+    reported = threading.Event()
+
     def on_hang(anomaly: Anomaly) -> None:
         with open(f"{out}/hang-{rank}.json", "w") as f:
             json.dump({"rank": anomaly.rank, "step": anomaly.step, **anomaly.evidence}, f)
+        reported.set()
         time.sleep(3)  # let every rank's watchdog report before the first one leaves
         os._exit(0)  # a supervisor would restart the ranks here
 
@@ -148,9 +152,16 @@ def hang_rank_main(rank: int, port: int, out: str) -> None:
     for step in range(1, 10):
         with timer.op("forward"):
             injector.hang_point(step)
-        with timer.op("grad_all_reduce", kind="collective", group="global", nbytes=4096,
-                      collective="all_reduce", group_size=WORLD):
-            dist.all_reduce(grads)
+        try:
+            with timer.op("grad_all_reduce", kind="collective", group="global", nbytes=4096,
+                          collective="all_reduce", group_size=WORLD):
+                dist.all_reduce(grads)
+        except RuntimeError:
+            # A peer that reported first has left, breaking this collective; the watchdog
+            # thread ends this rank too once its own report is written.
+            if not reported.is_set():
+                raise
+            time.sleep(60)
         timer.step_end(step)
 
 
