@@ -184,13 +184,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
                 resume_from: str = "", **details) -> Job:
-        from jobs.tasks import run_job
+        from jobs.tasks import dispatch
 
         with transaction.atomic():
             job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
                                      platform=policy.to_dict(), resume_from=resume_from)
             audit(what, actor(request), request_cause(request), job=job, **details)
-            transaction.on_commit(lambda: run_job.delay(job.pk))
+            dispatch(job)
         return job
 
     pause = _steer(CommandKind.PAUSE, CommandBody,

@@ -103,6 +103,9 @@ class Job(models.Model):
     supervisor = models.CharField(max_length=200, blank=True,
                                   help_text="the Celery task that supervises the job now")
     launches = models.PositiveIntegerField(default=0, help_text="engine launches so far")
+    # Set when the job is queued, cleared once its run_job task reached the broker; a job
+    # queued while the broker was down keeps it, and the reaper sends the task again.
+    undispatched_since = models.DateTimeField(null=True, blank=True)
     resume_from = models.CharField(
         max_length=1024, blank=True,
         help_text="a checkpoint the first launch starts from (a clone of another job's)")
@@ -221,6 +224,12 @@ class Job(models.Model):
         (the reaper gave it to another one)."""
         return bool(Job.objects.filter(pk=self.pk, supervisor=supervisor, state__in=SUPERVISED)
                     .update(heartbeat_at=timezone.now()))
+
+    @classmethod
+    def undispatched(cls, grace_s: float) -> models.QuerySet[Job]:
+        """Queued jobs whose run_job task has not reached the broker for `grace_s` seconds."""
+        cutoff = timezone.now() - timedelta(seconds=grace_s)
+        return cls.objects.filter(state=S.QUEUED, undispatched_since__lt=cutoff)
 
     @classmethod
     def stale(cls, timeout_s: float) -> models.QuerySet[Job]:

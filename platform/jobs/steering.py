@@ -37,7 +37,7 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
     """Store and carry out (or hand to the engine) one command; IllegalTransition when the
     job's state does not allow it. `engine_args` are the args as the engine takes them (a
     checkpoint by path rather than by id), default `args`."""
-    from jobs.tasks import run_job
+    from jobs.tasks import dispatch
 
     with transaction.atomic():
         command = Command.objects.create(job=job, kind=kind, args=args, requested_by=actor,
@@ -59,7 +59,7 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
         elif kind == K.RESUME:
             job.request_resume(cause, actor)
             command.settle(True, {"state": State.QUEUED})
-            transaction.on_commit(lambda: run_job.delay(job.pk))
+            dispatch(job)
             deliver = False
         elif kind == K.CANCEL:
             job.request_cancel(cause, actor)

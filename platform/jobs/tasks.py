@@ -13,6 +13,11 @@ engine gets SIGTERM when its supervisor dies (Linux parent-death signal), so no 
 unobserved. While it owns the job the supervisor beats `Job.heartbeat_at`; `reap` (Celery
 beat, every JOB_REAPER_INTERVAL_S) requeues a supervised job whose beat is older than
 JOB_HEARTBEAT_TIMEOUT_S, and the new supervisor resumes it from its newest checkpoint.
+
+Broker loss: a job is queued through `dispatch`, which marks it undispatched until its
+`run_job` message reached the broker; `reap` sends the message again for a job queued while
+the broker was down (a duplicate message is harmless: the second `run_job` finds the job no
+longer queued).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from engine.checkpoint import find_latest_good
 from jobs.models import (
@@ -122,6 +128,24 @@ def _take_over(job: Job) -> bool:
     except IllegalTransition:
         return False
     return True
+
+
+def dispatch(job: Job) -> None:
+    """Queue `run_job` for the queued `job` once the current transaction commits. Call it
+    inside that transaction: the job is marked undispatched with it, so a message that cannot
+    be sent (the broker is down) is sent again by `reap` rather than lost."""
+    Job.objects.filter(pk=job.pk).update(undispatched_since=timezone.now())
+    transaction.on_commit(lambda pk=job.pk: _send_run_job(pk))
+
+
+def _send_run_job(job_id: int) -> None:
+    try:
+        run_job.delay(job_id)
+    except OperationalError as e:
+        log.warning("job %s: run_job could not be queued (%s); the reaper sends it again",
+                    job_id, e)
+        return
+    Job.objects.filter(pk=job_id).update(undispatched_since=None)
 
 
 @shared_task(bind=True, name="jobs.tasks.run_job")
@@ -358,7 +382,7 @@ def _failed(job: Job, returncode: int, engine: EngineReport, stderr_path: Path) 
             job.requeue(Cause.POLICY, f"{reason}; the platform policy resumes it from its "
                         f"newest checkpoint (resume {resumes + 1} of "
                         f"{policy_of(job).resume_on_failure})", actor=POLICY_ACTOR)
-            transaction.on_commit(lambda: run_job.delay(job.pk))
+            dispatch(job)
         notify(job, "policy.resume", {"reason": reason, "resume": resumes + 1})
         return
     tail = _stderr_tail(stderr_path)
@@ -367,8 +391,14 @@ def _failed(job: Job, returncode: int, engine: EngineReport, stderr_path: Path) 
 
 @shared_task(name="jobs.tasks.reap")
 def reap() -> list[int]:
-    """Requeue every supervised job whose supervisor stopped beating; returns their ids."""
+    """Requeue every supervised job whose supervisor stopped beating, and send `run_job` again
+    for every job whose message never reached the broker; returns the ids of both."""
     requeued = []
+    for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):
+        log.warning("job %s: queued at %s but its run_job message was not sent; sending it",
+                    job.pk, job.undispatched_since.isoformat())
+        _send_run_job(job.pk)
+        requeued.append(job.pk)
     for job in Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S):
         beat = job.heartbeat_at.isoformat() if job.heartbeat_at else "never"
         with transaction.atomic():
@@ -378,7 +408,7 @@ def reap() -> list[int]:
                             f"{timezone.now().isoformat()}); resuming from the newest checkpoint")
             except IllegalTransition:
                 continue  # it moved on meanwhile
-            transaction.on_commit(lambda pk=job.pk: run_job.delay(pk))
+            dispatch(job)
         requeued.append(job.pk)
         log.warning("job %s: supervisor lost, requeued", job.pk)
     return requeued

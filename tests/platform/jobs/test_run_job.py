@@ -105,3 +105,41 @@ def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
     assert [m[1] for m in moves[3:]] == ["starting", "running", "completing", "completed"]
     job.refresh_from_db()
     assert job.launches == 2 and job.step == 6
+
+
+@pytest.fixture
+def broker_down():
+    """This process's Celery producer pointed at a port nothing listens on, as when Redis is
+    down; yields a function that brings the broker back."""
+    from ringside.celery import app
+    from ringside.services import free_port
+
+    working = app.conf.CELERY_BROKER_URL
+
+    def point_at(url: str) -> None:
+        app.conf.CELERY_BROKER_URL = url
+        # drop the connection and producer pools, which hold connections to the old URL
+        app.close()
+        app.amqp._producer_pool = None
+
+    point_at(f"redis://127.0.0.1:{free_port()}/0")
+    yield lambda: point_at(working)
+    point_at(working)
+
+
+def test_a_job_created_while_the_broker_is_down_is_accepted_and_started_once_it_is_back(
+        api, celery_worker, small_spec, broker_down, eventually, settings):
+    from jobs.tasks import reap
+
+    response = api.post("/api/jobs/", small_spec, format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.state == State.QUEUED and job.undispatched_since is not None
+
+    settings.JOB_REAPER_INTERVAL_S = 0  # no grace: the reaper looks at it at once
+    broker_down()
+    assert reap() == [job.pk]
+    assert Job.objects.get(pk=job.pk).undispatched_since is None
+    assert reap() == []  # sent once
+    eventually(lambda: job_state(job.pk) == State.COMPLETED, 120,
+               f"the job did not run; worker log: {celery_worker.log_path}")
