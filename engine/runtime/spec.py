@@ -256,7 +256,8 @@ def _build(cls: type, data: Any, path: str, errors: dict[str, str], base: Any = 
         if name in kwargs or base is not None:
             continue
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            errors[f"{path}.{name}" if path else name] = "this field is required"
+            if name not in data:  # else its bad value is already named
+                errors[f"{path}.{name}" if path else name] = "this field is required"
             missing = True
     if missing:
         return None
@@ -297,6 +298,9 @@ def _convert(hint: Any, value: Any, path: str, errors: dict[str, str]) -> Any:
         if not isinstance(value, dict):
             errors[path] = "must be an object"
             return _INVALID
+        if any("\x00" in str(k) for k in value):
+            errors[path] = "a key contains a NUL character"
+            return _INVALID
         items = {k: _convert(args[1], v, f"{path}.{k}", errors) for k, v in value.items()}
         return _INVALID if any(v is _INVALID for v in items.values()) else items
     if hint is bool:
@@ -317,6 +321,9 @@ def _convert(hint: Any, value: Any, path: str, errors: dict[str, str]) -> Any:
     if hint is str:
         if not isinstance(value, str):
             errors[path] = "must be a string"
+            return _INVALID
+        if "\x00" in value:  # PostgreSQL refuses it in the stored spec
+            errors[path] = "must not contain a NUL character"
             return _INVALID
         return value
     raise TypeError(f"spec field {path} has an unsupported type {hint!r}")

@@ -81,6 +81,15 @@ def test_types_are_strict():
     }
 
 
+def test_a_nul_character_is_refused_where_it_appears():
+    """PostgreSQL cannot store one in the job's spec."""
+    errors = errors_of({"name": "bad\x00name", "train": {"dataset": {"paths": ["a\x00b"]}},
+                        "faults": {"policy": {"actions": {"nan\x00": ["observe"]}}}})
+    assert errors["name"] == "must not contain a NUL character"
+    assert errors["train.dataset.paths.0"] == "must not contain a NUL character"
+    assert errors["faults.policy.actions"] == "a key contains a NUL character"
+
+
 def test_the_fault_policy_is_checked_field_by_field():
     errors = errors_of({"name": "x", "faults": {"policy": {
         "thresholds": {"loss_spike": {"z": -1.0}, "weather": {}},
