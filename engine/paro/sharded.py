@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.adamw import adamw
 
 from engine.horing.topology import Topology
 from engine.paro.comm import Comm
@@ -108,7 +109,11 @@ class ShardedDataParallel:
         self._exp_avg_sq = torch.zeros_like(self._master)
         self._grad = full.new_zeros(lay.size(s.grads))
         self._local_grad = full.new_zeros(lay.padded)
-        self._decay_ranges = self._owned_ranges(lambda p: p.ndim >= 2, s.optim)
+        # AdamW's weight decay goes to matrices only: the shard's runs with it, and without
+        with_decay, without = _split(self._owned_ranges(lambda p: p.ndim >= 2, s.optim),
+                                     self._master.numel())
+        self._adam_groups = [(runs, decay) for runs, decay in
+                             ((with_decay, weight_decay), (without, 0.0)) if runs]
         if s.params != "N":
             self._free_params()
 
@@ -297,18 +302,18 @@ class ShardedDataParallel:
 
     @torch.no_grad()
     def _adamw(self, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.AdamW's arithmetic (single-tensor path) on the owned fp32 shard; weight
-        decay only on matrices (ndim >= 2), as nanoGPT does."""
-        beta1, beta2 = self.betas
+        """torch.optim.AdamW on the owned fp32 shard, weight decay only on matrices (ndim >= 2)
+        as nanoGPT does, with torch's fused kernel: one pass over the shard instead of seven
+        (the tiny model's shard on one CPU thread: 10 ms instead of 96)."""
         self.adam_step += 1
-        for r in self._decay_ranges:
-            self._master[r].mul_(1 - lr * self.weight_decay)
-        self._exp_avg.lerp_(grad, 1 - beta1)
-        self._exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias1 = 1 - beta1**self.adam_step
-        bias2_sqrt = math.sqrt(1 - beta2**self.adam_step)
-        denom = (self._exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
-        self._master.addcdiv_(self._exp_avg, denom, value=-lr / bias1)
+        beta1, beta2 = self.betas
+        for runs, decay in self._adam_groups:
+            adamw([self._master[r] for r in runs], [grad[r] for r in runs],
+                  [self._exp_avg[r] for r in runs], [self._exp_avg_sq[r] for r in runs], [],
+                  # the kernel counts each tensor's step up by one before it uses it
+                  [torch.tensor(float(self.adam_step - 1)) for _ in runs],
+                  fused=True, amsgrad=False, maximize=False, beta1=beta1, beta2=beta2, lr=lr,
+                  weight_decay=decay, eps=self.eps)
 
     @torch.no_grad()
     def _sync_params(self) -> None:
@@ -328,6 +333,24 @@ class ShardedDataParallel:
             comm.all_gather("inter", values, out=self._param_shard)
         else:
             raise AssertionError(f"no parameter sync from os={s.optim} to p={s.params}")
+
+
+def _split(ranges: list[slice], size: int) -> tuple[list[slice], list[slice]]:
+    """[0, size) cut into maximal runs inside `ranges` (sorted, disjoint) and outside them."""
+    inside: list[slice] = []
+    outside: list[slice] = []
+    at = 0
+    for r in ranges:
+        if r.start > at:
+            outside.append(slice(at, r.start))
+        if inside and inside[-1].stop == r.start:
+            inside[-1] = slice(inside[-1].start, r.stop)
+        else:
+            inside.append(r)
+        at = r.stop
+    if at < size:
+        outside.append(slice(at, size))
+    return inside, outside
 
 
 def _nbytes(t: torch.Tensor) -> int:
