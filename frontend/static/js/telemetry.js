@@ -7,6 +7,10 @@ const CONFIG = { responsive: true, displaylogo: false };
 const KEEP = 300; // steps of ops/experts kept in the page; older ones live on the server
 const RANK_WINDOW = 10; // steps averaged in the rank heatmap, so one noisy step does not flicker
 const STRAGGLER_RATIO = 1.3; // a rank this much slower than the median on own compute is named
+// These four charts redraw at most once a second. Redrawn with every step, they kept the page
+// busy long enough to hold back the loss chart: bench/step_to_browser.py on a 2-core machine
+// measured p50 115-175 / p99 357-408 ms that way, and 81-82 / 176-225 ms throttled.
+const REDRAW_EVERY_MS = 1000;
 
 function median(values) {
   const sorted = values.filter((v) => v !== undefined).sort((a, b) => a - b);
@@ -41,7 +45,8 @@ export class Telemetry {
   constructor() {
     this.ops = new StepBuffer();
     this.experts = new StepBuffer();
-    this.frame = null;
+    this.timer = null;
+    this.drawnAt = -Infinity;
     this.dirty = new Set();
     this.slider = document.getElementById("experts-step");
     this.slider.addEventListener("input", () => this.drawExperts());
@@ -52,12 +57,14 @@ export class Telemetry {
 
   schedule(what) {
     this.dirty.add(what);
-    this.frame ??= requestAnimationFrame(() => {
-      this.frame = null;
+    const wait = Math.max(0, this.drawnAt + REDRAW_EVERY_MS - performance.now());
+    this.timer ??= setTimeout(() => requestAnimationFrame(() => {
+      this.timer = null;
+      this.drawnAt = performance.now();
       if (this.dirty.has("ops")) { this.drawBreakdown(); this.drawRanks(); this.drawBandwidth(); }
       if (this.dirty.has("experts")) this.drawExperts();
       this.dirty.clear();
-    });
+    }), wait);
   }
 
   drawBreakdown() {
