@@ -83,11 +83,12 @@ def test_events_delivered_but_not_acknowledged_are_stored_after_a_crash(job, bus
 def test_a_redelivered_event_is_stored_once(job, bus, platform_redis_url):
     publish_steps(job, platform_redis_url, range(1, 4))
     StreamIngest(job.pk, bus, consumer="a").poll(block_ms=100)
-    # a second consumer group replays the whole stream: storage must not duplicate
+    publish_steps(job, platform_redis_url, range(4, 6))
+    # the group replays the whole stream: one batch of stored and new events, stored once each
     bus.xgroup_setid(events_stream(str(job.pk)), GROUP, id="0")
-    StreamIngest(job.pk, bus, consumer="b").poll(block_ms=100)
-    assert Event.objects.filter(job=job).count() == 3
-    assert MetricPoint.objects.filter(job=job, name="loss").count() == 3
+    assert len(StreamIngest(job.pk, bus, consumer="b").poll(block_ms=100)) == 5
+    assert list(Event.objects.filter(job=job).values_list("seq", flat=True)) == [1, 2, 3, 4, 5]
+    assert MetricPoint.objects.filter(job=job, name="loss").count() == 5
 
 
 def test_a_step_trained_again_replaces_its_earlier_values(job, bus, platform_redis_url):
