@@ -22,4 +22,4 @@ COPY manage.py ./
 
 USER ringside
 EXPOSE 8000
-CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_admin && exec python -m daphne -b 0.0.0.0 -p 8000 ringside.asgi:application"]
+CMD ["sh", "-c", "python manage.py migrate --noinput && python manage.py ensure_admin && exec python manage.py web --host 0.0.0.0 --port 8000"]

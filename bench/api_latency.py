@@ -2,7 +2,8 @@
 
     DATABASE_URL=postgresql://... .venv/bin/python -m bench.api_latency [--seconds 15]
 
-The platform as `manage.py serve` runs it (daphne, the ASGI application; bench.platform_env)
+The platform's web server as `manage.py serve` runs it (uvicorn, WEB_PROCESSES worker
+processes; bench.platform_env), and side by side the one it ran before (daphne, one process),
 over a database holding `--jobs` jobs of `--users` users, each job with its state history,
 commands and checkpoints as a run leaves them. `--clients` clients, spread over the users, each
 with its own API token and a kept-alive connection, read the job list (pages, state and name
@@ -12,7 +13,7 @@ Two phases of `--seconds` each (after a warm-up that is not counted), side by si
 - `paced`, the target's: each client pauses `--think-ms` (mean) between its requests, as a
   script or a page polling its jobs does; `met` says whether its p99 is within 50 ms with no
   error.
-- `saturated`: no pause at all; its throughput is what one web process serves here, and its
+- `saturated`: no pause at all; its throughput is what the server serves here, and its
   latency is mostly the queue in front of it.
 Prints one JSON document: per phase p50/p95/p99 per endpoint and overall, requests, errors and
 throughput, with the machine's load average (the machine is shared) before and after.
@@ -32,6 +33,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from bench.platform_env import Platform
+from ringside.services import python_module, web_processes
 
 TARGET_P99_MS = 50.0
 PAGE = 20
@@ -176,25 +178,39 @@ def main() -> None:
     print(json.dumps(report, indent=2))
 
 
+def daphne(port: int) -> list[str]:
+    """The server `serve` ran before it ran uvicorn: daphne, one process."""
+    return python_module("daphne", "-b", "127.0.0.1", "-p", str(port),
+                         "ringside.asgi:application")
+
+
 def measure(platform: Platform, args: argparse.Namespace) -> dict:
     users = seed(platform, args.jobs, args.users)
-    port = int(platform.web().rsplit(":", 1)[1])
     load_before = os.getloadavg()[0]
-    paced = phase(port, users, args, args.think_ms)
-    saturated = phase(port, users, args, 0.0)
-    p99 = paced["latency_ms"]["overall"]["p99"]
+    servers = {}
+    for name, command in ((f"uvicorn, {web_processes()} processes (as serve runs it)", None),
+                          ("daphne, one process (before)", daphne)):
+        port = int(platform.web(command, name=name.split(",")[0]).rsplit(":", 1)[1])
+        servers[name] = {"paced": phase(port, users, args, args.think_ms),
+                         "saturated": phase(port, users, args, 0.0)}
+    ours, before = servers.values()
+    p99 = ours["paced"]["latency_ms"]["overall"]["p99"]
     return {
         "bench": "api_latency",
         "database": platform.database,
-        "server": "daphne ringside.asgi:application, one process (as manage.py serve runs it)",
         "jobs": args.jobs, "users": args.users, "clients": args.clients,
         "seconds_per_phase": args.seconds,
         "load_average_1m": {"before": round(load_before, 2),
                             "after": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
-        "paced": paced,
-        "saturated": saturated,
-        "target": {"p99_ms": TARGET_P99_MS, "phase": "paced"},
-        "met": paced["errors"] == 0 and p99 <= TARGET_P99_MS,
+        "servers": servers,
+        "ratios": {
+            "paced_p99_before_over_ours": round(
+                before["paced"]["latency_ms"]["overall"]["p99"] / p99, 2),
+            "saturated_throughput_ours_over_before": round(
+                ours["saturated"]["throughput_rps"] / before["saturated"]["throughput_rps"], 2),
+        },
+        "target": {"p99_ms": TARGET_P99_MS, "phase": "paced", "server": "as serve runs it"},
+        "met": ours["paced"]["errors"] == 0 and p99 <= TARGET_P99_MS,
     }
 
 

@@ -4,7 +4,7 @@ starts them, and events shaped like the engine's.
 `Platform` starts a private redis-server (as `serve` does when REDIS_URL is unset), sets Django
 up against DATABASE_URL (PostgreSQL; unset: a SQLite file of the benchmark's own), migrates,
 and creates a user with an API token and a job for the benchmark; on exit it deletes them and
-stops everything it started. `web()` starts the ASGI server (daphne) and `ingest(job)` runs
+stops everything it started. `web()` starts the ASGI server (uvicorn) and `ingest(job)` runs
 `manage.py ingest` for a job, each as a subprocess against the same Redis and database.
 
 `engine_events` yields what rank 0 of a `tiny` run on 2x2 ranks publishes: per step a `step`,
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ if str(REPO_ROOT / "platform") not in sys.path:
 from ringside.services import (  # noqa: E402 (the platform's packages are on the path now)
     child_env,
     free_port,
-    python_module,
     redis_server_command,
     stop_process_group,
     wait_for_port,
+    web_processes,
+    web_server_command,
 )
 
 PASSWORD = "bench-password-1"
@@ -97,11 +98,13 @@ class Platform:
         self.procs.append(proc)
         return proc
 
-    def web(self) -> str:
-        """Start daphne as `serve` runs it; its base URL."""
+    def web(self, command: Callable[[int], list[str]] | None = None, name: str = "web") -> str:
+        """Start the ASGI server as `serve` runs it (or as `command(port)` says); its base
+        URL."""
         port = free_port()
-        proc = self._start(python_module("daphne", "-b", "127.0.0.1", "-p", str(port),
-                                         "ringside.asgi:application"), "web")
+        argv = command(port) if command else web_server_command("127.0.0.1", port,
+                                                                web_processes())
+        proc = self._start(argv, name)
         wait_for_port(port, 60, proc)
         return f"http://127.0.0.1:{port}"
 

@@ -71,6 +71,22 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def web_processes() -> int:
+    """WEB_PROCESSES, else one per CPU up to four."""
+    return int(os.environ.get("WEB_PROCESSES") or min(4, os.cpu_count() or 1))
+
+
+def web_server_command(host: str, port: int, processes: int) -> list[str]:
+    """The ASGI server (HTTP and websockets) as the platform runs it: uvicorn, with
+    `processes` worker processes on one listening socket. Django runs a sync view on one
+    thread per process, so one process serves one API request at a time: a second process is
+    what keeps a burst of reads from queueing behind each other."""
+    return python_module("uvicorn", "ringside.asgi:application", "--host", host,
+                         "--port", str(port), "--workers", str(processes),
+                         "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
+                         "--lifespan", "off", "--no-access-log", "--log-level", "warning")
+
+
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM a child started in its own session (and everything it started), SIGKILL it
     after `grace_s`."""

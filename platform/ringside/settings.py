@@ -161,7 +161,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     # password guesses through the API, per client address; the counter lives in the default
-    # cache, which is per process: a limit per web process
+    # cache, which is per process: a limit per web process (WEB_PROCESSES of them)
     "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("THROTTLE_LOGIN", "20/minute")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -28,6 +28,8 @@ from ringside.services import (
     python_module,
     stop_process_group,
     wait_for_port,
+    web_processes,
+    web_server_command,
 )
 
 PLATFORM_REDIS_DB = 14
@@ -124,13 +126,13 @@ def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.P
 
 @pytest.fixture(scope="session")
 def live_server_url(service_env: dict[str, str], tmp_path_factory) -> str:
-    """The real ASGI server (daphne) on a free port: HTTP, static files and websockets."""
+    """The real ASGI server as `serve` runs it, on a free port: HTTP, static files and
+    websockets."""
     port = free_port()
-    log = tmp_path_factory.mktemp("web") / "daphne.log"
+    log = tmp_path_factory.mktemp("web") / "web.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            python_module("daphne", "-b", "127.0.0.1", "-p", str(port),
-                          "ringside.asgi:application"),
+            web_server_command("127.0.0.1", port, web_processes()),
             env=service_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_port(port, 60, proc)

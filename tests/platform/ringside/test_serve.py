@@ -23,7 +23,7 @@ class Serve:
 
     def __init__(self, var_dir, port: int):
         env = child_env(RINGSIDE_VAR_DIR=str(var_dir), RUNS_DIR=str(var_dir / "runs"),
-                        PORT=str(port), WORKER_CONCURRENCY="1")
+                        PORT=str(port), WORKER_CONCURRENCY="1", WEB_PROCESSES="2")
         for name in ("DATABASE_URL", "REDIS_URL", "RINGSIDE_ADMIN_PASSWORD"):
             env.pop(name, None)
         self.port = port
@@ -86,7 +86,8 @@ def test_serve_runs_the_platform_restarts_a_dead_child_and_stops_on_ctrl_c(var_d
         assert any("celery -A ringside beat" in c for c in commands), commands  # the reaper
 
         web = next(p for p in psutil.Process(serve.proc.pid).children()
-                   if "daphne" in " ".join(p.cmdline()))
+                   if "uvicorn" in " ".join(p.cmdline()))
+        assert sum("spawn_main" in " ".join(p.cmdline()) for p in web.children()) == 2
         os.killpg(web.pid, signal.SIGKILL)
         serve.wait_for(r"web exited with code -9; restarting", 10)
         serve.wait_for(r"web restarted", 10)

@@ -1,10 +1,11 @@
 """`manage.py serve` (what `make run` runs): the whole platform as one supervised process tree.
 
 Migrates, makes sure the `admin` user exists, then starts and watches its children: an
-embedded Redis (unless REDIS_URL is set), the ASGI server (daphne) on PORT, a Celery worker
-and Celery beat (the reaper of lost jobs, jobs.tasks.reap). A child that dies is restarted
-with backoff. SIGINT/SIGTERM stops the training ranks first (so their supervisors record how
-the jobs ended), then beat, the worker, the web server and Redis, and exits.
+embedded Redis (unless REDIS_URL is set), the ASGI server (uvicorn, WEB_PROCESSES processes)
+on PORT, a Celery worker and Celery beat (the reaper of lost jobs, jobs.tasks.reap). A child
+that dies is restarted with backoff. SIGINT/SIGTERM stops the training ranks first (so their
+supervisors record how the jobs ended), then beat, the worker, the web server and Redis, and
+exits.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from ringside.services import (
     python_module,
     redis_server_command,
     wait_for_port,
+    web_processes,
+    web_server_command,
 )
 
 MAX_BACKOFF_S = 30.0
@@ -106,8 +109,7 @@ class Command(BaseCommand):
             children.append(redis_child)
             self.log(f"embedded Redis on {redis_url}")
         env = child_env(REDIS_URL=redis_url)
-        web = Child("web", python_module("daphne", "-b", host, "-p", str(port),
-                                         "ringside.asgi:application"), env)
+        web = Child("web", web_server_command(host, port, web_processes()), env)
         worker = Child("worker", python_module(
             "celery", "-A", "ringside", "worker", "--loglevel", "INFO",
             "--queues", settings.CELERY_TASK_DEFAULT_QUEUE,
