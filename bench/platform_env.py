@@ -210,14 +210,17 @@ def _expert_layer(rng: random.Random, experts: int, tokens: int) -> dict[str, An
 
 def _ops_fields(rng: random.Random, names: list[str], world_size: int,
                 step_ms: float) -> dict[str, Any]:
+    """An `ops` event body with the engine's precision (engine.xputimer.aggregate)."""
+    from engine.xputimer.aggregate import to_ppm, to_us
+
     ops = {}
     for name in names:
-        per_rank = [rng.uniform(0.1, 60) for _ in range(world_size)]
+        per_rank = [to_us(rng.uniform(0.1, 60)) for _ in range(world_size)]
         ordered = sorted(per_rank)
         median = statistics.median(per_rank)
         entry = {"kind": "collective" if name in COLLECTIVES else "compute", "count": 1,
-                 "total_ms": sum(per_rank) / world_size, "mean_ms": median,
-                 "min_ms": ordered[0], "median_ms": median, "max_ms": ordered[-1],
+                 "total_ms": to_us(sum(per_rank) / world_size), "mean_ms": to_us(median),
+                 "min_ms": ordered[0], "median_ms": to_us(median), "max_ms": ordered[-1],
                  "max_call_ms": ordered[-1], "slowest_rank": per_rank.index(ordered[-1]),
                  "per_rank_ms": per_rank}
         if name in COLLECTIVES:
@@ -225,11 +228,12 @@ def _ops_fields(rng: random.Random, names: list[str], world_size: int,
             entry.update(bytes=42806016, group=group, algo="ring", collective=collective,
                          busbw_gbps=rng.uniform(0.5, 5))
         ops[name] = entry
-    ranks = [{"rank": r, "step_ms": step_ms - rng.uniform(0, 5), "compute_ms": step_ms * 0.55,
-              "comm_ms": step_ms * 0.44, "data_ms": rng.uniform(0.1, 0.3),
-              "void_share": rng.uniform(0, 0.02)} for r in range(world_size)]
-    return {"step_ms": step_ms, "void_share": rng.uniform(0, 0.02),
-            "data_wait_share": rng.uniform(0, 0.001), "ops": ops, "ranks": ranks}
+    ranks = [{"rank": r, "step_ms": to_us(step_ms - rng.uniform(0, 5)),
+              "compute_ms": to_us(step_ms * 0.55), "comm_ms": to_us(step_ms * 0.44),
+              "data_ms": to_us(rng.uniform(0.1, 0.3)), "void_share": to_ppm(rng.uniform(0, 0.02))}
+             for r in range(world_size)]
+    return {"step_ms": to_us(step_ms), "void_share": to_ppm(rng.uniform(0, 0.02)),
+            "data_wait_share": to_ppm(rng.uniform(0, 0.001)), "ops": ops, "ranks": ranks}
 
 
 def distribution(values_ms: list[float]) -> dict[str, float | int]:

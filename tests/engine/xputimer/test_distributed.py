@@ -90,6 +90,22 @@ def test_ops_event_names_the_slowed_rank_as_slowest(run):
     assert min(steps[-1]["ranks"], key=lambda r: r["comm_ms"])["rank"] == SLOW_RANK
 
 
+def test_times_are_carried_to_the_microsecond_and_shares_to_the_millionth(run):
+    def decimals(x: float) -> int:
+        return len(repr(x).partition(".")[2])
+
+    for agg in run[0][0]:
+        times = [agg["step_ms"], *(r[f] for r in agg["ranks"]
+                                   for f in ("step_ms", "compute_ms", "comm_ms", "data_ms"))]
+        for op in agg["ops"].values():
+            times += [op[f] for f in ("total_ms", "mean_ms", "min_ms", "median_ms", "max_ms",
+                                      "max_call_ms")] + op["per_rank_ms"]
+        assert max(map(decimals, times)) <= 3
+        shares = [agg["void_share"], agg["data_wait_share"], *(r["void_share"]
+                                                                for r in agg["ranks"])]
+        assert max(map(decimals, shares)) <= 6
+
+
 def test_system_metrics_ride_along_one_value_per_rank_unmeasured_ones_left_out(run):
     for agg in run[0][0]:
         assert agg["system"] == {"cpu_percent": [0.0, 10.0, 20.0, 30.0],
