@@ -9,7 +9,7 @@ commands and checkpoints as a run leaves them. `--clients` clients, spread over 
 with its own API token and a kept-alive connection, read the job list (pages, state and name
 filters, orderings), a job, its events, its checkpoints and its commands, in equal shares.
 
-Two phases of `--seconds` each (after a warm-up that is not counted), side by side:
+On each server, two phases of `--seconds` each (after a warm-up that is not counted):
 - `paced`, the target's: each client pauses `--think-ms` (mean) between its requests, as a
   script or a page polling its jobs does; `met` says whether its p99 is within 50 ms with no
   error.

@@ -4,9 +4,9 @@
                                                                             [--seconds 20]
 
 The whole path as a user sees it: the engine's `EventLog` publishes into the job's Redis
-stream, `manage.py ingest` stores the event and forwards it through the channel layer, daphne
-sends it down the job page's websocket, the page's scripts draw it. A real Chromium (Playwright,
-as the e2e tests drive it) logs in and opens the job page; on the loss chart a
+stream, `manage.py ingest` stores the event and forwards it through the channel layer, the web
+server sends it down the job page's websocket, the page's scripts draw it. A real Chromium
+(Playwright, as the e2e tests drive it) logs in and opens the job page; on the loss chart a
 `plotly_afterplot` listener notes, with Date.now(), when each step first appears in the drawn
 loss trace. The publisher sends `--rate` steps per second for `--seconds`, each step with the
 events the engine sends with it (step, experts, ops; checkpoints, anomalies and actions now and

@@ -3,9 +3,9 @@
     DATABASE_URL=postgresql://... .venv/bin/python -m bench.ws_fanout [--clients 50]
                                                                       [--rate 20] [--seconds 15]
 
-The platform's real parts as `manage.py serve` runs them: daphne with the Redis channel layer,
-`manage.py ingest` for the job, PostgreSQL (or SQLite without DATABASE_URL). `--clients`
-websocket clients (autobahn, the websocket library daphne itself runs on) connect to
+The platform's real parts as `manage.py serve` runs them: the web server (uvicorn) with the
+Redis channel layer, `manage.py ingest` for the job, PostgreSQL (or SQLite without
+DATABASE_URL). `--clients` websocket clients (autobahn's asyncio flavour) connect to
 `/ws/jobs/<id>/` with an API token and take their snapshot (in a process of their own: the
 publisher's and the server's work does not delay their reading, nor theirs the publishing);
 then the engine's `EventLog` publishes `--rate` engine-shaped events per second (step,
@@ -36,7 +36,8 @@ async def watch(url: str, clients: int, expect: int, seconds: float) -> dict:
     """Connect `clients` websockets to `url`; once all hold their snapshot say "ready" on
     stdout, then wait for `expect` events at each (published over `seconds`). Every client's
     sequence numbers must be the `expect` numbers after its snapshot's, in order."""
-    # autobahn's asyncio flavour: it cannot be imported where Django (daphne's twisted one) is
+    # autobahn's asyncio flavour: it cannot be imported where Django (with daphne's twisted
+    # reactor) is
     from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
     class Watcher(WebSocketClientProtocol):
