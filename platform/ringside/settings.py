@@ -155,13 +155,18 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 
+# Only the login throttle's counters live here. On disk, so that every web process of the
+# host (WEB_PROCESSES of them) counts into the same ones; Django's default, a per-process
+# memory cache, would let each process allow the whole rate.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                      "LOCATION": VAR_DIR / "cache"}}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "jobs.permissions.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # password guesses through the API, per client address; the counter lives in the default
-    # cache, which is per process: a limit per web process (WEB_PROCESSES of them)
+    # password guesses through the API, per client address, counted in the default cache
     "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("THROTTLE_LOGIN", "20/minute")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

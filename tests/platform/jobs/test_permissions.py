@@ -4,12 +4,17 @@ steer every job, a revoked token stops working at once (API and websockets), ses
 websockets are owner-checked, API POSTs on a session need the CSRF token, login is throttled,
 and the audit log names who did what."""
 
+import http.client
+import json
+import random
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework.settings import api_settings
 from rest_framework.test import APIClient
 
 from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
@@ -203,6 +208,25 @@ def test_login_is_throttled_per_client_address_at_the_configured_rate(user, sett
     assert APIClient().post("/api/auth/token/", right, format="json").status_code == 429
     elsewhere = APIClient(REMOTE_ADDR="10.0.0.7")
     assert elsewhere.post("/api/auth/token/", right, format="json").status_code == 200
+
+
+def test_the_login_throttle_holds_across_the_web_processes(live_server_url):
+    """The real server as `serve` runs it (WEB_PROCESSES worker processes; each new connection
+    goes to whichever accepts it first): the rate holds for the host, not for each process."""
+    rate = int(api_settings.DEFAULT_THROTTLE_RATES["login"].split("/")[0])
+    port = int(live_server_url.rsplit(":", 1)[1])
+    # an address of loopback's own 127/8, so no other test's guesses count against this one
+    address = "127." + ".".join(str(random.randrange(2, 255)) for _ in range(3))
+    body = json.dumps({"username": "nobody", "password": "wrong"})
+    statuses = []
+    for _ in range(rate + 1):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30,
+                                                source_address=(address, 0))
+        connection.request("POST", "/api/auth/token/", body,
+                           headers={"Content-Type": "application/json"})
+        statuses.append(connection.getresponse().status)
+        connection.close()
+    assert statuses == [400] * rate + [429]
 
 
 def test_the_audit_log_lists_control_actions_newest_first_with_actor_and_cause(
