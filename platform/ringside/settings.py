@@ -91,9 +91,10 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": dj_database_url.config(
-        default=f"sqlite:///{VAR_DIR / 'ringside.sqlite3'}", conn_max_age=60
+DATABASES = {  # an empty DATABASE_URL counts as unset
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'ringside.sqlite3'}",
+        conn_max_age=60,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
