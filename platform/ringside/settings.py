@@ -6,6 +6,10 @@ REDIS_URL     Celery broker, channel layer and event bus; `manage.py serve` sets
 SECRET_KEY    default: generated once into var/secret_key
 DEBUG         "1"/"true" to enable
 RUNS_DIR      where jobs write their spec, events, logs and checkpoints (default runs/)
+NUM_PROXIES   proxies of your own in front of the web server, whose X-Forwarded-For is
+              trusted for the client address (default 0)
+THROTTLE_LOGIN  password guesses per client address (default 20/minute)
+(WEB_PROCESSES, PORT and HOST are read by `manage.py serve` and `manage.py web`.)
 """
 
 import os
@@ -169,6 +173,10 @@ REST_FRAMEWORK = {
     ],
     # password guesses through the API, per client address, counted in the default cache
     "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("THROTTLE_LOGIN", "20/minute")},
+    # the client address is the connection's (after the web server's own handling of a proxy
+    # on this host); DRF's default, None, took any X-Forwarded-For a client chose to send,
+    # and a new one per guess escaped the throttle. Behind N proxies of your own, set N.
+    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",

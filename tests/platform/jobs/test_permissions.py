@@ -210,6 +210,16 @@ def test_login_is_throttled_per_client_address_at_the_configured_rate(user, sett
     assert elsewhere.post("/api/auth/token/", right, format="json").status_code == 200
 
 
+def test_a_forwarded_for_header_of_the_clients_choosing_does_not_escape_the_throttle(
+        user, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {"login": "3/minute"}}
+    guesses = [APIClient(HTTP_X_FORWARDED_FOR=f"198.51.100.{i}").post(
+        "/api/auth/token/", {"username": "ada", "password": f"g{i}"}, format="json")
+        for i in range(4)]
+    assert [r.status_code for r in guesses] == [400, 400, 400, 429]
+
+
 def test_the_login_throttle_holds_across_the_web_processes(live_server_url):
     """The real server as `serve` runs it (WEB_PROCESSES worker processes; each new connection
     goes to whichever accepts it first): the rate holds for the host, not for each process."""
