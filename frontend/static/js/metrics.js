@@ -1,15 +1,20 @@
 // The step-metric charts of the job page: loss (with the server's min/max envelope, eval loss
 // and markers for anomalies, actions and checkpoints), tokens/s, grad norm, learning rate,
 // memory and the system metrics of each rank (CPU %, RSS; GPU memory and utilisation). Live
-// step events extend the traces once per animation frame; a zoom on any of them refetches the
-// window from the metrics endpoint, so a 100,000-step run is drawn from a few
-// thousand downsampled points and a one-step spike still shows in the envelope.
+// step events extend the traces (the loss chart in the next animation frame, the others at
+// most twice a second); a zoom on any of them refetches the window from the metrics
+// endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
+// one-step spike still shows in the envelope.
 import { api } from "./api.js";
 import { bytes, num } from "./format.js";
+import { Throttled } from "./throttle.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const MAX_POINTS = 1500; // per series, asked of the server; about one per pixel on a wide screen
 const REFETCH_AT = 2 * MAX_POINTS; // live points appended past this: ask for a downsampled copy
+// The loss chart takes each live step in the next animation frame; the others, at most twice
+// a second, so that drawing them does not hold back the loss chart's next step.
+const SECONDARY_REDRAW_MS = 500;
 const MARKERS = {
   anomalies: { color: "#dc2626", symbol: "x", size: 11 },
   actions: { color: "#d97706", symbol: "triangle-up", size: 10 },
@@ -96,6 +101,7 @@ export class MetricCharts {
     this.appended = 0;
     this.frame = null;
     this.fetching = 0;
+    this.secondary = new Throttled(SECONDARY_REDRAW_MS, (id) => this.draw(id));
   }
 
   namesOf(id) {
@@ -240,7 +246,9 @@ export class MetricCharts {
     }
     this.appended += events.length;
     for (const id of Object.keys(CHARTS)) {
-      if (this.namesOf(id).some((n) => touched.has(n))) this.draw(id);
+      if (!this.namesOf(id).some((n) => touched.has(n))) continue;
+      if (id === "loss") this.draw(id);
+      else this.secondary.mark(id);
     }
     if (this.appended > REFETCH_AT) this.refetch();
   }

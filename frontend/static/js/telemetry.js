@@ -3,6 +3,8 @@
 // rank's, so a straggler is a red row), bus bandwidth per collective group, and the
 // expert-load heatmap (layer x expert, any kept step).
 
+import { Throttled } from "./throttle.js";
+
 const CONFIG = { responsive: true, displaylogo: false };
 const KEEP = 300; // steps of ops/experts kept in the page; older ones live on the server
 const RANK_WINDOW = 10; // steps averaged in the rank heatmap, so one noisy step does not flicker
@@ -45,27 +47,19 @@ export class Telemetry {
   constructor() {
     this.ops = new StepBuffer();
     this.experts = new StepBuffer();
-    this.timer = null;
-    this.drawnAt = -Infinity;
-    this.dirty = new Set();
+    const draw = { breakdown: () => this.drawBreakdown(), ranks: () => this.drawRanks(),
+                   bandwidth: () => this.drawBandwidth(), experts: () => this.drawExperts() };
+    this.redraw = new Throttled(REDRAW_EVERY_MS, (chart) => draw[chart]());
     this.slider = document.getElementById("experts-step");
     this.slider.addEventListener("input", () => this.drawExperts());
   }
 
-  addOps(event) { this.ops.put(event); this.schedule("ops"); }
-  addExperts(event) { this.experts.put(event); this.schedule("experts"); }
-
-  schedule(what) {
-    this.dirty.add(what);
-    const wait = Math.max(0, this.drawnAt + REDRAW_EVERY_MS - performance.now());
-    this.timer ??= setTimeout(() => requestAnimationFrame(() => {
-      this.timer = null;
-      this.drawnAt = performance.now();
-      if (this.dirty.has("ops")) { this.drawBreakdown(); this.drawRanks(); this.drawBandwidth(); }
-      if (this.dirty.has("experts")) this.drawExperts();
-      this.dirty.clear();
-    }), wait);
+  addOps(event) {
+    this.ops.put(event);
+    for (const chart of ["breakdown", "ranks", "bandwidth"]) this.redraw.mark(chart);
   }
+
+  addExperts(event) { this.experts.put(event); this.redraw.mark("experts"); }
 
   drawBreakdown() {
     const events = this.ops.items;
