@@ -5,6 +5,7 @@ Shared by `manage.py serve` and the platform's test fixtures, which start the sa
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -71,6 +72,12 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def add_web_address_arguments(parser: argparse.ArgumentParser) -> None:
+    """--host and --port of the web server, defaulting to HOST and PORT."""
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+
+
 def web_processes() -> int:
     """WEB_PROCESSES, else one per CPU up to four."""
     return int(os.environ.get("WEB_PROCESSES") or min(4, os.cpu_count() or 1))
@@ -83,7 +90,7 @@ def web_server_command(host: str, port: int, processes: int) -> list[str]:
     what keeps a burst of reads from queueing behind each other."""
     return python_module("uvicorn", "ringside.asgi:application", "--host", host,
                          "--port", str(port), "--workers", str(processes),
-                         "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
+                         "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio",
                          "--lifespan", "off", "--no-access-log", "--log-level", "warning")
 
 

@@ -22,6 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from ringside.services import (
+    add_web_address_arguments,
     child_env,
     free_port,
     port_in_use,
@@ -83,8 +84,7 @@ class Command(BaseCommand):
     help = "Run the whole platform (Redis, web server, Celery worker) under one supervisor."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        add_web_address_arguments(parser)
 
     def handle(self, *args, host: str, port: int, **options) -> None:
         if port_in_use(port):
