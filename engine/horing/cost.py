@@ -168,7 +168,7 @@ def _probe(
         for _ in range(repeats + 1):  # the first round warms up connections and buffers
             dist.barrier(group=topo.global_group)
             start = time.perf_counter()
-            _ring_reduce_scatter(flat, pieces, ring, group, lambda numel: received[:numel])
+            _ring_reduce_scatter(flat, pieces, ring, group, lambda n, buf=received: buf[:n])
             _ring_all_gather(flat, pieces, ring, group)
             samples.append(time.perf_counter() - start)
         # latency from the small probe's fastest round (noise only ever adds to it),
