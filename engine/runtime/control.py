@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.events import control_stream
+from engine.runtime.events import BusOutage, bus_client, bus_unreachable, control_stream
 
 COMMAND_KINDS = ("pause", "resume", "cancel", "checkpoint", "rollback", "reshard")
 
@@ -46,13 +46,12 @@ class ControlChannel:
         self.job = job
         self.errors: list[str] = []  # malformed commands, reported by the loop
         self._redis = None
+        self._outage = BusOutage(job, "commands wait in the stream for its return")
         self._last_id = "0-0"
         self._file = run_dir / "control.jsonl"
         self._file_offset = self._file.stat().st_size if self._file.exists() else 0
         if bus_url:
-            import redis
-
-            self._redis = redis.Redis.from_url(bus_url)
+            self._redis = bus_client(bus_url)
             # commands sent before this incarnation started were answered by an earlier one
             # or are meant for it (a relaunch after pause reads the stream from its end)
             newest = self._redis.xrevrange(control_stream(job), count=1)
@@ -70,7 +69,16 @@ class ControlChannel:
         return commands
 
     def _poll_redis(self) -> list[Any]:
-        found = self._redis.xread({control_stream(self.job): self._last_id}, count=32)
+        if not self._outage.may_try():
+            return []
+        try:
+            found = self._redis.xread({control_stream(self.job): self._last_id}, count=32)
+        except Exception as error:
+            if not bus_unreachable(error):
+                raise
+            self._outage.failed(error)
+            return []
+        self._outage.succeeded()
         items = []
         for _, entries in found:
             for entry_id, fields in entries:

@@ -44,6 +44,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from engine.checkpoint import find_latest_good
+from engine.runtime.events import BUS_RETRY_S, BusOutage
 from jobs.models import (
     SUPERVISED,
     Cause,
@@ -221,10 +222,24 @@ class Supervisor:
 
     def run(self) -> EngineReport:
         last_check = last_beat = 0.0
+        bus = BusOutage(str(self.job.pk), "the engine trains on; its events wait for the bus")
         while True:
             exited = self.proc.poll() is not None
-            events = (self.ingest.drain() if exited
-                      else self.ingest.poll(block_ms=int(CANCEL_POLL_S * 1000)))
+            try:
+                events = (self.ingest.drain() if exited
+                          else self.ingest.poll(block_ms=int(CANCEL_POLL_S * 1000)))
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                # Redis went away (or restarts): keep beating and watching the engine, which
+                # keeps its events until the bus is back; an engine that exited meanwhile is
+                # reported once its last events have been stored, or, if the bus stays away,
+                # left to the reaper
+                bus.failed(error)
+                if exited and time.monotonic() - bus.since > settings.JOB_HEARTBEAT_TIMEOUT_S:
+                    raise
+                events, exited = [], False
+                time.sleep(BUS_RETRY_S)
+            else:
+                bus.succeeded()
             for event in events:
                 self.on_event(event)
             if exited:

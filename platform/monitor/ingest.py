@@ -7,8 +7,10 @@ rows (`prepare`) on another thread while the current one is written, which the d
 leaves free to run (the engine's event mix into PostgreSQL on a 2-core machine: about 2,900
 events/s without it, 3,700-5,000 with it). After a crash, a new StreamIngest under the same
 consumer name first re-reads what was delivered to it but never acknowledged; one under another
-name first claims what a dead consumer left pending (idle for `claim_idle_ms`). Storage ignores
-sequence numbers it already has, so every event is stored exactly once.
+name first claims what a dead consumer left pending (idle for `claim_idle_ms`). A poll that
+fails (Redis or the database went away) leaves the next one to start again from this
+consumer's unacknowledged entries, so an outage skips nothing and reorders nothing. Storage
+ignores sequence numbers it already has, so every event is stored exactly once.
 
 The job supervisor (jobs.tasks.run_job) drives one StreamIngest per job; `manage.py ingest`
 runs the same loop as a process of its own.
@@ -20,7 +22,7 @@ import gc
 import logging
 import math
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,7 +263,12 @@ def forward(job_id: int, messages: list[dict[str, Any]]) -> None:
             await layer.group_send(job_group(job_id), {
                 "type": "job.events", "events": messages[start:start + FORWARD_CHUNK]})
 
-    async_to_sync(send_all)()
+    try:
+        async_to_sync(send_all)()
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        # best effort: what the clients missed they get on reconnecting with ?after=<seq>
+        log.warning("job %s: %d messages not forwarded, the channel layer is unreachable (%s)",
+                    job_id, len(messages), error)
 
 
 class StreamIngest:
@@ -275,16 +282,19 @@ class StreamIngest:
         self.last_seq = 0
         self._recovering = True  # first re-read our delivered-but-unacknowledged entries
         self._next: Future[tuple[list, Batch]] | None = None
-        try:
-            client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        self._create_group()
         self._claim_abandoned()
         # What this process holds now (Django, torch's modules) lives for good. Parsing a
         # batch makes thousands of dicts, and the collections they set off walked all of
         # that again and again: a third of the ingest's time before the freeze.
         gc.freeze()
+
+    def _create_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
     def _claim_abandoned(self) -> None:
         """Take over what other consumers of the group read but never acknowledged (they
@@ -306,20 +316,33 @@ class StreamIngest:
         the GIL): it is delivered to this consumer but acknowledged only when a later poll
         has stored it, so a crash in between leaves it to be re-read like any other.
         """
-        ids, batch = self._next.result() if self._next is not None else ([], None)
-        self._next = None
-        if not ids:
-            ids, batch = self._read(block_ms, count)
-        if ids and not self._recovering:
-            self._next = _READ_AHEAD.submit(self._read, None, count)
-        write(self.job_id, batch)
+        try:
+            ids, batch = self._next.result() if self._next is not None else ([], None)
+            self._next = None
+            if not ids:
+                ids, batch = self._read(block_ms, count)
+            if ids and not self._recovering:
+                self._next = _READ_AHEAD.submit(self._read, None, count)
+            write(self.job_id, batch)
+            if ids:
+                self.client.xack(self.stream, GROUP, *ids)
+        except Exception:
+            self._read_again()
+            raise
         events = batch.events
-        if ids:
-            self.client.xack(self.stream, GROUP, *ids)
         if events:
             self.last_seq = max(self.last_seq, events[-1]["seq"])
         forward(self.job_id, events)
         return events
+
+    def _read_again(self) -> None:
+        """After a failed poll (the bus or the database went away): the next poll starts
+        from this consumer's unacknowledged entries, in order, so the failed batch and the
+        one read ahead of it are stored before anything newer."""
+        if self._next is not None:
+            wait([self._next])
+            self._next = None
+        self._recovering = True
 
     def _read(self, block_ms: int | None, count: int) -> tuple[list, Batch]:
         """The next entries delivered to this consumer: their ids, and their events prepared
@@ -327,10 +350,17 @@ class StreamIngest:
         then new ones."""
         while True:
             start = "0" if self._recovering else ">"
-            reply = self.client.xreadgroup(
-                GROUP, self.consumer, {self.stream: start}, count=count,
-                block=None if self._recovering else block_ms,
-            )
+            try:
+                reply = self.client.xreadgroup(
+                    GROUP, self.consumer, {self.stream: start}, count=count,
+                    block=None if self._recovering else block_ms,
+                )
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # the bus came back without its data: follow the stream from its start again
+                self._create_group()
+                continue
             entries = reply[0][1] if reply else []
             if not (self._recovering and not entries):
                 break

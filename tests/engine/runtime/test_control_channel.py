@@ -2,6 +2,7 @@
 
 import redis
 
+from engine.runtime import events
 from engine.runtime.control import Command, ControlChannel, send
 from engine.runtime.events import control_stream
 
@@ -25,6 +26,18 @@ def test_commands_on_the_bus_arrive_once_in_order(redis_url, tmp_path):
         channel.close()
     finally:
         client.delete(control_stream(job))
+
+
+def test_commands_wait_in_the_stream_while_the_bus_is_away(own_redis, tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "BUS_RETRY_S", 0.0)
+    channel = ControlChannel("job", tmp_path, bus_url=own_redis.url)
+    send("job", "checkpoint", bus_url=own_redis.url)
+    own_redis.kill()
+    assert channel.poll() == []  # the step goes on
+    own_redis.start()  # with its append-only file
+    send("job", "pause", bus_url=own_redis.url)
+    assert [c.kind for c in channel.poll()] == ["checkpoint", "pause"]
+    channel.close()
 
 
 def test_the_control_file_reads_only_complete_new_lines(tmp_path):

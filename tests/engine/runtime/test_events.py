@@ -2,7 +2,11 @@
 
 import json
 import math
+import threading
 
+import redis
+
+from engine.runtime import events as events_module
 from engine.runtime.events import EventLog, events_stream, read_events
 
 
@@ -49,3 +53,37 @@ def test_bus_entries_are_numbered_by_sequence(redis_url):
         assert json.loads(entries[1][1][b"event"])["loss"] == math.pi
     finally:
         client.delete(events_stream(job))
+
+
+def _stream_steps(url: str, job: str) -> list[tuple[bytes, int]]:
+    entries = redis.Redis.from_url(url).xrange(events_stream(job))
+    return [(entry_id, json.loads(fields[b"event"])["step"]) for entry_id, fields in entries]
+
+
+def test_a_run_outlives_an_outage_of_the_bus_which_then_gets_every_event_in_order(
+        own_redis, tmp_path, monkeypatch):
+    monkeypatch.setattr(events_module, "BUS_RETRY_S", 0.0)
+    log = EventLog("outage", tmp_path / "events.jsonl", own_redis.url)
+    log.emit("step", 1, loss=3.0)
+    own_redis.kill()
+    for step in (2, 3, 4):
+        log.emit("step", step, loss=3.0 - step / 10)  # the bus is away: training goes on
+    own_redis.start()  # with its append-only file
+    log.emit("step", 5, loss=2.4)
+    log.close()
+    assert _stream_steps(own_redis.url, "outage") == [
+        (b"1-0", 1), (b"2-0", 2), (b"3-0", 3), (b"4-0", 4), (b"5-0", 5)]
+    assert [e["step"] for e in read_events(tmp_path / "events.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_closing_the_log_waits_for_the_bus_to_take_what_it_missed(own_redis, monkeypatch):
+    monkeypatch.setattr(events_module, "BUS_RETRY_S", 0.05)
+    log = EventLog("closing", bus_url=own_redis.url)
+    log.emit("step", 1)
+    own_redis.kill()
+    log.emit("state", 1, state="completed")
+    back = threading.Timer(0.5, own_redis.start)
+    back.start()
+    log.close()
+    back.join()
+    assert _stream_steps(own_redis.url, "closing") == [(b"1-0", 1), (b"2-0", 1)]

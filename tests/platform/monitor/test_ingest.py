@@ -91,6 +91,27 @@ def test_a_redelivered_event_is_stored_once(job, bus, platform_redis_url):
     assert MetricPoint.objects.filter(job=job, name="loss").count() == 5
 
 
+def test_after_an_outage_of_the_bus_what_the_ingest_had_read_is_stored_once_and_in_order(
+        job, own_redis):
+    """The poll that meets the outage fails; once the bus is back, the batch it held and the
+    one it had read ahead are stored before anything newer, and acknowledged."""
+    publish_steps(job, own_redis.url, [1, 2, 3, 2])  # step 2 trained again (a restart)
+    bus = redis.Redis.from_url(own_redis.url)
+    ingest = StreamIngest(job.pk, bus, consumer="a")
+    assert [e["seq"] for e in ingest.poll(block_ms=100, count=2)] == [1, 2]  # 3, 4 read ahead
+    own_redis.kill()
+    with pytest.raises(redis.ConnectionError):
+        ingest.poll(block_ms=100, count=2)
+    own_redis.start()  # with its append-only file
+    publish_steps(job, own_redis.url, [3])  # step 3 trained again, after the outage
+    ingest.drain()
+    assert list(Event.objects.filter(job=job).values_list("seq", flat=True)) == [1, 2, 3, 4, 5]
+    loss = dict(MetricPoint.objects.filter(job=job, name="loss").values_list("step", "value"))
+    assert loss == {1: 6.0, 2: 3.0, 3: 2.0}
+    assert bus.xpending(ingest.stream, GROUP)["pending"] == 0
+    bus.close()
+
+
 def test_a_step_trained_again_replaces_its_earlier_values(job, bus, platform_redis_url):
     """After a crash restart (or a rollback) the engine trains steps again: the stored
     series keeps each step once, with the values of its latest run."""
