@@ -45,9 +45,13 @@ class EventDocument(models.JSONField):
 
 def _job_key(related_name: str) -> models.ForeignKey:
     """The job a row belongs to. No index of its own: every table here has a unique index
-    that starts with the job, and the ingest updates one index fewer per stored row."""
+    that starts with the job, and the ingest updates one index fewer per stored row. No
+    constraint in the database either: it checked every stored row against the job at
+    commit, a fifth of the database's work on the engine's event mix (0.14 of 0.63 s for
+    2,000 steps, side by side); the ingest writes only for the job it supervises, and
+    deleting a job still deletes its rows (Django's cascade)."""
     return models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name=related_name,
-                             db_index=False)
+                             db_index=False, db_constraint=False)
 
 
 class Event(models.Model):

@@ -7,8 +7,16 @@ from channels.layers import get_channel_layer
 
 from engine.runtime.events import EventLog, events_stream
 from jobs.models import Job
-from monitor.ingest import GROUP, StreamIngest, job_group, step_metrics
-from monitor.models import Event, MetricPoint
+from monitor.ingest import GROUP, StreamIngest, job_group, step_metrics, store_events
+from monitor.models import (
+    Action,
+    Anomaly,
+    Checkpoint,
+    Event,
+    ExpertLoad,
+    MetricPoint,
+    OpsSample,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,3 +162,20 @@ def test_per_rank_system_metrics_are_stored_as_one_series_per_rank(job, bus, pla
         "system.rss_bytes.rank1": {1: 2.0**29, 2: 2.0**30},
         "system.gpu_util_percent.rank1": {1: 50.0, 2: 50.0},
     }
+
+
+def test_deleting_a_job_deletes_everything_stored_for_it(job):
+    at = {"job": str(job.pk), "time": 1.0}
+    store_events(job.pk, [
+        {**at, "type": "step", "step": 1, "seq": 1, "loss": 3.0},
+        {**at, "type": "ops", "step": 1, "seq": 2, "step_ms": 9.0, "ops": {}},
+        {**at, "type": "experts", "step": 1, "seq": 3, "layers": [{"max_violation": 0.5}]},
+        {**at, "type": "anomaly", "step": 1, "seq": 4, "kind": "loss_spike", "evidence": {}},
+        {**at, "type": "action", "step": 1, "seq": 5, "action": "skip_update", "by": "policy"},
+        {**at, "type": "checkpoint", "step": 1, "seq": 6, "path": "/c", "tier": "disk"},
+    ])
+    models = (Event, MetricPoint, OpsSample, ExpertLoad, Anomaly, Action, Checkpoint)
+    assert all(model.objects.filter(job_id=job.pk).exists() for model in models)
+    job_id = job.pk
+    job.delete()
+    assert not any(model.objects.filter(job_id=job_id).exists() for model in models)
