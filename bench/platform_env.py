@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Chromium as the browser tests and benchmarks drive it (headless, in a container)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
 if str(REPO_ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "platform"))
 
@@ -43,6 +47,15 @@ from ringside.services import (  # noqa: E402 (the platform's packages are on th
 )
 
 PASSWORD = "bench-password-1"
+
+
+def chromium_path() -> str | None:
+    """A Chromium on this machine (CHROMIUM, else Debian's); None: Playwright's own."""
+    for candidate in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
+                      shutil.which("chromium")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
 
 
 class Platform:

@@ -21,8 +21,14 @@ import argparse
 import json
 import time
 
-from bench.platform_env import PASSWORD, Platform, distribution, engine_events
-from tests.e2e.conftest import CHROMIUM_ARGS, chromium_path
+from bench.platform_env import (
+    CHROMIUM_ARGS,
+    PASSWORD,
+    Platform,
+    chromium_path,
+    distribution,
+    engine_events,
+)
 
 TARGET_P50_MS = 100.0
 TARGET_P99_MS = 250.0

@@ -15,7 +15,10 @@ import math
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ BUS_TIMEOUT_S = 2.0
 BUS_CLOSE_WAIT_S = 30.0
 
 
-def bus_client(url: str):
+def bus_client(url: str) -> redis.Redis:
     """A Redis client for the engine's side of the bus, with timeouts, so a bus that went
     away costs a step at most BUS_TIMEOUT_S."""
     import redis

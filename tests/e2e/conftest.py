@@ -2,24 +2,14 @@
 and Debian's Chromium driven by Playwright."""
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 from django.db import connections
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
+from bench.platform_env import CHROMIUM_ARGS, chromium_path
+
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
-
-
-def chromium_path() -> str | None:
-    for candidate in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                      shutil.which("chromium")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
 
 
 @pytest.fixture(autouse=True)
