@@ -48,6 +48,7 @@ class ControlChannel:
         self._redis = None
         self._outage = BusOutage(job, "commands wait in the stream for its return")
         self._last_id = "0-0"
+        self._seen: set[str] = set()  # command ids read so far
         self._file = run_dir / "control.jsonl"
         self._file_offset = self._file.stat().st_size if self._file.exists() else 0
         if bus_url:
@@ -59,13 +60,19 @@ class ControlChannel:
                 self._last_id = newest[0][0].decode()
 
     def poll(self) -> list[Command]:
+        """The commands that arrived since the last poll, each id once: the platform may
+        deliver a command again when it cannot tell whether the first delivery went out."""
         raw = self._poll_redis() if self._redis is not None else self._poll_file()
         commands = []
         for item in raw:
             try:
-                commands.append(Command.parse(item))
+                command = Command.parse(item)
             except ValueError as e:
                 self.errors.append(str(e))
+                continue
+            if command.id not in self._seen:
+                self._seen.add(command.id)
+                commands.append(command)
         return commands
 
     def _poll_redis(self) -> list[Any]:

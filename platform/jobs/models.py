@@ -305,6 +305,9 @@ class Command(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="commands")
     kind = models.CharField(max_length=16, choices=CommandKind.choices)
     args = models.JSONField(default=dict, blank=True)
+    engine_args = models.JSONField(default=dict, blank=True,
+                                   help_text="the args as the engine takes them (a checkpoint "
+                                   "by its path rather than its id)")
     state = models.CharField(max_length=16, choices=CommandState.choices,
                              default=CommandState.PENDING)
     result = models.JSONField(default=dict, blank=True,

@@ -8,14 +8,27 @@ newest checkpoint); a cancel of a job no supervisor owns (queued, paused) is don
 
 from __future__ import annotations
 
+import logging
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
 from engine.runtime import control
-from jobs.models import AuditEntry, Command, CommandKind, IllegalTransition, Job, State
+from engine.runtime.events import bus_unreachable
+from jobs.models import (
+    AuditEntry,
+    Command,
+    CommandKind,
+    CommandState,
+    IllegalTransition,
+    Job,
+    State,
+)
 from jobs.policy import PlatformPolicy
+
+log = logging.getLogger(__name__)
 
 K = CommandKind
 
@@ -26,10 +39,30 @@ def audit(action: str, actor: str, cause: str, *, job: Job | None = None, user=N
                                      user=user if job is None else job.owner, details=details)
 
 
-def _deliver(job_id: int, command: Command, engine_args: dict[str, Any]) -> None:
-    control.send(str(job_id), command.kind, engine_args, bus_url=settings.REDIS_URL,
-                 command_id=command.engine_id)
+def _deliver(command: Command) -> None:
+    """Put the command on its job's control stream. While the bus is unreachable it stays
+    pending, and the job's supervisor delivers it later (`deliver_pending`)."""
+    try:
+        control.send(str(command.job_id), command.kind, command.engine_args,
+                     bus_url=settings.REDIS_URL, command_id=command.engine_id)
+    except Exception as error:
+        if not bus_unreachable(error):
+            raise
+        log.warning("%s: the bus is unreachable (%s); it is delivered when the bus is back",
+                    command, error)
+        return
     command.mark_delivered()
+
+
+def deliver_pending(job: Job, since: datetime, older_than: datetime) -> None:
+    """Deliver, in order, the job's commands that were issued since `since` and are still
+    pending at `older_than` (their delivery found the bus away). The engine ignores a command
+    id it has seen, so one delivered twice acts once."""
+    for command in Command.objects.filter(
+        job=job, state=CommandState.PENDING, created_at__gte=since, created_at__lt=older_than,
+        kind__in=(K.PAUSE, K.ROLLBACK, K.RESHARD, K.CHECKPOINT, K.CANCEL),
+    ):
+        _deliver(command)
 
 
 def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
@@ -40,8 +73,9 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
     from jobs.tasks import dispatch
 
     with transaction.atomic():
-        command = Command.objects.create(job=job, kind=kind, args=args, requested_by=actor,
-                                         cause=cause)
+        command = Command.objects.create(
+            job=job, kind=kind, args=args, requested_by=actor, cause=cause,
+            engine_args=args if engine_args is None else engine_args)
         deliver = True
         if kind == K.PAUSE:
             job.request_pause(cause, actor)
@@ -70,8 +104,7 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
             deliver = job.state == State.RUNNING
         audit(f"job.{kind}", actor, cause, job=job, command=command.pk, args=args)
         if deliver:
-            payload = args if engine_args is None else engine_args
-            transaction.on_commit(lambda: _deliver(job.pk, command, payload))
+            transaction.on_commit(lambda: _deliver(command))
     command.refresh_from_db()
     return command
 

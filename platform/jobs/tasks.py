@@ -33,6 +33,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from jobs.models import (
     State,
 )
 from jobs.policy import AUTO_ACTION_WINDOW_S, PASSIVE_ACTIONS
-from jobs.steering import issue, policy_of
+from jobs.steering import deliver_pending, issue, policy_of
 from jobs.webhooks import notify
 from monitor.ingest import StreamIngest, forward
 from monitor.models import Action
@@ -65,6 +66,9 @@ from ringside.services import child_env
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
+# a command still pending this long after it was issued missed its delivery (the bus was
+# away): the supervisor delivers it
+REDELIVER_AFTER_S = 5.0
 STDERR_TAIL_LINES = 40
 EXIT_PAUSED = 3  # engine.runtime.launch: a checkpoint was written, `--resume` continues
 POLICY_ACTOR = "platform policy"
@@ -219,6 +223,7 @@ class Supervisor:
         self.term_at: float | None = None
         self.kill_at: float | None = None
         self.sigterm_sent = False
+        self.started_at = timezone.now()
 
     def run(self) -> EngineReport:
         last_check = last_beat = 0.0
@@ -258,6 +263,9 @@ class Supervisor:
             if now - last_check >= CANCEL_POLL_S:
                 last_check = now
                 self.check_cancel(now)
+                if not bus.down:
+                    deliver_pending(self.job, since=self.started_at, older_than=timezone.now()
+                                    - timedelta(seconds=REDELIVER_AFTER_S))
             if self.term_at is not None and now >= self.term_at and not self.sigterm_sent:
                 log.info("job %s: cancel requested, SIGTERM to the engine", self.job.pk)
                 _kill_group(self.proc, signal.SIGTERM)

@@ -40,6 +40,23 @@ def test_commands_wait_in_the_stream_while_the_bus_is_away(own_redis, tmp_path, 
     channel.close()
 
 
+def test_a_command_delivered_twice_is_read_once(redis_url, tmp_path):
+    job = "test-control-twice"
+    client = redis.Redis.from_url(redis_url)
+    client.delete(control_stream(job))
+    try:
+        channel = ControlChannel(job, tmp_path, bus_url=redis_url)
+        send(job, "checkpoint", bus_url=redis_url, command_id="41")
+        send(job, "checkpoint", bus_url=redis_url, command_id="41")  # delivered again
+        send(job, "pause", bus_url=redis_url, command_id="42")
+        assert [(c.id, c.kind) for c in channel.poll()] == [("41", "checkpoint"), ("42", "pause")]
+        send(job, "pause", bus_url=redis_url, command_id="42")
+        assert channel.poll() == []
+        channel.close()
+    finally:
+        client.delete(control_stream(job))
+
+
 def test_the_control_file_reads_only_complete_new_lines(tmp_path):
     (tmp_path / "control.jsonl").write_text('{"kind": "pause"}\n')  # an earlier run's
     channel = ControlChannel("job", tmp_path)

@@ -5,10 +5,12 @@ import json
 
 import pytest
 import redis
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from engine.runtime.events import control_stream
 from jobs.models import Command, Job, State
+from jobs.steering import deliver_pending
 from jobs.tasks import Supervisor
 from monitor.models import Checkpoint
 
@@ -58,6 +60,29 @@ def test_pause_moves_the_job_records_who_and_delivers_the_command_with_its_id(ap
     assert command.state == "done" and command.result["path"] == "/ck/3"
     listed = api.get(f"/api/jobs/{running.pk}/commands/").json()["results"]
     assert [(c["id"], c["state"]) for c in listed] == [(body["id"], "done")]
+
+
+def test_a_command_issued_while_the_bus_is_away_is_delivered_once_it_is_back(
+        api, running, own_redis, settings):
+    """The API answers at once (the command is stored and pending, the job pausing); the
+    job's supervisor delivers it when the bus is back."""
+    settings.REDIS_URL = own_redis.url
+    issued_from = timezone.now()
+    own_redis.kill()
+    response = api.post(f"/api/jobs/{running.pk}/rollback/", {"step": 2}, format="json")
+    assert response.status_code == 202, response.json()
+    assert response.json()["state"] == "pending"
+    running.refresh_from_db()
+    assert running.state == State.ROLLING_BACK
+
+    own_redis.start()
+    deliver_pending(running, since=issued_from, older_than=timezone.now())
+    command = Command.objects.get(pk=response.json()["id"])
+    assert command.state == "delivered"
+    assert control_commands(running) == [
+        {"kind": "rollback", "args": {"step": 2, "skip_data": False}, "id": str(command.pk)}]
+    deliver_pending(running, since=issued_from, older_than=timezone.now())  # nothing left
+    assert len(control_commands(running)) == 1
 
 
 def test_a_refused_rollback_is_settled_with_the_reason_and_the_job_runs_on(api, running):
