@@ -49,12 +49,16 @@ class RedisServer:
              "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        import redis
+
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                client.ping()  # answered once its data is loaded, not just once it listens
+                client.close()
                 return self
-            except OSError:
+            except redis.ConnectionError:
                 time.sleep(0.05)
         self.proc.kill()
         raise RuntimeError("the embedded redis-server did not start")
