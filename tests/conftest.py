@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
 
+from ringside.services import free_port
 from tests.platform.services import (  # noqa: F401 (fixtures, registered here only)
     _platform_settings,
     api,
@@ -25,18 +25,12 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
     """A redis-server of the test's own on a private port, which a test may kill and start
     again (on the same port; with `appendonly`, with its data)."""
 
     def __init__(self, workdir, appendonly: bool = False):
-        self.port, self.workdir, self.appendonly = _free_port(), workdir, appendonly
+        self.port, self.workdir, self.appendonly = free_port(), workdir, appendonly
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
 

@@ -56,12 +56,11 @@ def _deliver(command: Command) -> None:
 
 def deliver_pending(job: Job, since: datetime, older_than: datetime) -> None:
     """Deliver, in order, the job's commands that were issued since `since` and are still
-    pending at `older_than` (their delivery found the bus away). The engine ignores a command
-    id it has seen, so one delivered twice acts once."""
-    for command in Command.objects.filter(
-        job=job, state=CommandState.PENDING, created_at__gte=since, created_at__lt=older_than,
-        kind__in=(K.PAUSE, K.ROLLBACK, K.RESHARD, K.CHECKPOINT, K.CANCEL),
-    ):
+    pending at `older_than` (their delivery found the bus away; a resume is never pending: it
+    is settled when issued). The engine ignores a command id it has seen, so one delivered
+    twice acts once."""
+    for command in Command.objects.filter(job=job, state=CommandState.PENDING,
+                                          created_at__gte=since, created_at__lt=older_than):
         _deliver(command)
 
 

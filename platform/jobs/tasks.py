@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
 # a command still pending this long after it was issued missed its delivery (the bus was
-# away): the supervisor delivers it
+# away): the supervisor delivers it, looking at each heartbeat
 REDELIVER_AFTER_S = 5.0
 STDERR_TAIL_LINES = 40
 EXIT_PAUSED = 3  # engine.runtime.launch: a checkpoint was written, `--resume` continues
@@ -260,12 +260,12 @@ class Supervisor:
                     self.proc.wait()
                     self.engine.owned = False
                     return self.engine
-            if now - last_check >= CANCEL_POLL_S:
-                last_check = now
-                self.check_cancel(now)
                 if not bus.down:
                     deliver_pending(self.job, since=self.started_at, older_than=timezone.now()
                                     - timedelta(seconds=REDELIVER_AFTER_S))
+            if now - last_check >= CANCEL_POLL_S:
+                last_check = now
+                self.check_cancel(now)
             if self.term_at is not None and now >= self.term_at and not self.sigterm_sent:
                 log.info("job %s: cancel requested, SIGTERM to the engine", self.job.pk)
                 _kill_group(self.proc, signal.SIGTERM)
