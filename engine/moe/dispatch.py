@@ -127,41 +127,109 @@ def grouped_mm_supports(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
     )
 
 
-class _GroupedExperts(torch.autograd.Function):
-    """The experts' SwiGLU over sorted slot rows as grouped matmuls, with a hand-written
-    backward: every weight gradient comes out of one grouped matmul already in the
-    parameter's [E, out, in] layout, and only the gate/up activations are kept for it.
-    The elementwise steps work in place and write the two halves of the gate/up gradient
-    straight into one buffer: each fresh [rows, width] tensor costs page faults on CPU."""
+class ScratchPool:
+    """CPU scratch tensors that keep their memory from one step to the next.
+
+    A fresh CPU tensor of many MB is page-faulted in 4 KiB at a time on first touch, and
+    glibc hands blocks over 32 MB back to the kernel when they are freed, so every step paid
+    for its dispatch buffers again: gathering the 50 MB of slot rows of the `small` layer
+    took 22.6 ms into a fresh tensor and 4.8 ms into a kept one. A tensor is taken, used,
+    and given back by whoever uses it last (the backward pass, for what the forward pass
+    saves), so it is never in two hands; one not given back is simply freed. CUDA tensors
+    bypass the pool: the CUDA caching allocator already keeps freed blocks."""
+
+    KEEP = 16  # tensors kept per shape: every MoE layer's saved pair, with room to spare
+
+    def __init__(self) -> None:
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        free = self._free.get((shape, like.dtype, like.device))
+        return free.pop() if free else like.new_empty(shape)
+
+    def give(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            if t.device.type == "cpu":
+                free = self._free.setdefault((tuple(t.shape), t.dtype, t.device), [])
+                if len(free) < self.KEEP:
+                    free.append(t)
+
+
+_POOL = ScratchPool()
+
+
+def _experts_mm(a: torch.Tensor, b: torch.Tensor, order: SlotOrder, rows: list[int] | None):
+    """Row block e of `a` times b[e], for the sorted slot rows: [rows, K] x [E, K, N].
+    On CPU (`rows`, the host counts) one mm per expert straight into a pooled output: the
+    CPU grouped_mm is the same loop, into a fresh tensor. On GPU, grouped_mm (no host sync)."""
+    if rows is None:
+        return grouped_mm(a, b, order.offsets)
+    out = _POOL.take((a.shape[0], b.shape[-1]), a)
+    start = 0
+    for e, n in enumerate(rows):
+        if n:
+            torch.mm(a[start : start + n], b[e], out=out[start : start + n])
+            start += n
+    return out
+
+
+class _RoutedExperts(torch.autograd.Function):
+    """Tokens -> sorted slot rows -> the experts' SwiGLU as grouped matmuls -> the weighted
+    sum of each token's k slots, with a hand-written backward. Every weight gradient comes
+    out of one grouped matmul already in the parameter's [E, out, in] layout, and only the
+    slot rows and the gate/up activations are kept for it. The slot-sized intermediates live
+    in `_POOL` (each fresh one costs page faults on CPU) and the elementwise steps work in
+    place, writing the two halves of the gate/up gradient straight into one buffer. The
+    gather into slots and the sum back out are each other's transpose, so both directions
+    of both are gathers: `index_select` into slots and `embedding_bag(mode="sum")` (a fused
+    gather-and-sum) back to tokens; autograd's default for fancy indexing would scatter-add
+    rows, several times slower on CPU."""
 
     @staticmethod
-    def forward(ctx, xs, w_sorted, gate_up, down, offsets):
-        h = grouped_mm(xs, gate_up.transpose(-2, -1), offsets)
+    def forward(ctx, x, w_sorted, gate_up, down, order):
+        rows = order.counts.tolist() if x.device.type == "cpu" else None
+        slots, f = order.token_of_sorted.numel(), down.shape[-1]
+        xs = torch.index_select(x, 0, order.token_of_sorted, out=_POOL.take((slots, x.shape[1]), x))
+        h = _experts_mm(xs, gate_up.transpose(-2, -1), order, rows)
         gate, up = h.chunk(2, dim=-1)
-        act_w = F.silu(gate).mul_(up).mul_(w_sorted.unsqueeze(-1))
-        ys = grouped_mm(act_w, down.transpose(-2, -1), offsets)
-        ctx.save_for_backward(xs, w_sorted, gate_up, down, offsets, h)
-        return ys
+        act_w = torch.ops.aten.silu.out(gate, out=_POOL.take((slots, f), x))
+        act_w.mul_(up).mul_(w_sorted.unsqueeze(-1))
+        ys = _experts_mm(act_w, down.transpose(-2, -1), order, rows)
+        y = _sum_slots(ys, order)
+        _POOL.give(act_w, ys)
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(xs, h, w_sorted, gate_up, down)
+            ctx.order, ctx.rows = order, rows
+        else:
+            _POOL.give(xs, h)
+        return y
 
     @staticmethod
-    def backward(ctx, d_ys):
-        xs, w_sorted, gate_up, down, offsets, h = ctx.saved_tensors
-        d_ys = d_ys.contiguous()
+    def backward(ctx, d_y):
+        xs, h, w_sorted, gate_up, down = ctx.saved_tensors
+        order, rows = ctx.order, ctx.rows
+        slots, f = xs.shape[0], down.shape[-1]
+        d_ys = torch.index_select(
+            d_y.contiguous(), 0, order.token_of_sorted, out=_POOL.take((slots, xs.shape[1]), xs)
+        )
         gate, up = h.chunk(2, dim=-1)
         w = w_sorted.unsqueeze(-1)
-        silu_gate = F.silu(gate)
-        act = silu_gate * up
-        d_act = grouped_mm(d_ys, down, offsets)  # d(act * w); times w below: d(act)
-        d_w_sorted = (d_act * act).sum(-1)
-        d_down = grouped_mm(d_ys.T, act.mul_(w), offsets)
+        silu_gate = torch.ops.aten.silu.out(gate, out=_POOL.take((slots, f), xs))
+        act = torch.mul(silu_gate, up, out=_POOL.take((slots, f), xs))
+        d_act = _experts_mm(d_ys, down, order, rows)  # d(act * w); times w below: d(act)
+        product = torch.mul(d_act, act, out=_POOL.take((slots, f), xs))
+        d_w_sorted = product.sum(-1)
+        d_down = grouped_mm(d_ys.T, act.mul_(w), order.offsets)
         d_act.mul_(w)
-        d_h = torch.empty_like(h)
+        d_h = _POOL.take(tuple(h.shape), h)
         d_gate, d_up = d_h.chunk(2, dim=-1)
         torch.mul(d_act, silu_gate, out=d_up)
         torch.ops.aten.silu_backward.grad_input(d_act.mul_(up), gate, grad_input=d_gate)
-        d_gate_up = grouped_mm(d_h.T, xs, offsets)
-        d_xs = grouped_mm(d_h, gate_up, offsets)
-        return d_xs, d_w_sorted, d_gate_up, d_down, None
+        d_gate_up = grouped_mm(d_h.T, xs, order.offsets)
+        d_xs = _experts_mm(d_h, gate_up, order, rows)
+        d_x = _sum_slots(d_xs, order)
+        _POOL.give(xs, h, d_ys, silu_gate, act, d_act, product, d_h, d_xs)
+        return d_x, d_w_sorted, d_gate_up, d_down, None
 
 
 def _experts_padded_bmm(xs, w_sorted, gate_up, down, order):
@@ -198,12 +266,11 @@ def routed_experts(
     if impl == "loop":
         return _experts_loop(x, idx, weight, gate_up, down)
     order = order if order is not None else sort_slots(idx, gate_up.shape[0])
-    xs = _GatherSlots.apply(x, order)
     w_sorted = weight.reshape(-1).index_select(0, order.slot_of_sorted).to(x.dtype)
     if impl == "grouped_mm" and grouped_mm_supports(x, gate_up):
-        ys = _GroupedExperts.apply(xs, w_sorted, gate_up, down, order.offsets)
-    else:
-        ys = _experts_padded_bmm(xs, w_sorted, gate_up, down, order)
+        return _RoutedExperts.apply(x.contiguous(), w_sorted, gate_up, down, order)
+    xs = _GatherSlots.apply(x, order)
+    ys = _experts_padded_bmm(xs, w_sorted, gate_up, down, order)
     return _ScatterSlots.apply(ys, order)
 
 

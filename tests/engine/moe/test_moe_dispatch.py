@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.moe.dispatch import grouped_mm_supports, routed_experts, sort_slots
+from engine.moe.dispatch import _POOL, grouped_mm_supports, routed_experts, sort_slots
 
 torch.set_num_threads(1)
 
@@ -107,3 +107,48 @@ def test_slot_order_is_a_stable_sort_with_counts_and_offsets():
 def test_unknown_impl_is_rejected_by_name():
     with pytest.raises(ValueError, match="impl must be one of"):
         routed_experts(*random_problem(0, 4, 4, 2, 8, 8), impl="magic")
+
+
+def test_the_dispatch_buffers_of_one_step_serve_the_next():
+    x, idx, weight, gate_up, down = random_problem(0, 128, 16, 4, 32, 16)
+    run("grouped_mm", x, idx, weight, gate_up, down)
+    kept = {id(t) for free in _POOL._free.values() for t in free}
+    run("grouped_mm", x, idx, weight, gate_up, down)
+    assert kept == {id(t) for free in _POOL._free.values() for t in free}
+
+
+def test_a_forward_between_forward_and_backward_leaves_the_pending_gradients_right():
+    first = random_problem(0, 64, 8, 2, 32, 16)
+    second = random_problem(1, 64, 8, 2, 32, 16)
+    expected = run("loop", *first)
+    leaves = [t.clone().requires_grad_() for t in (first[0], first[2], first[3], first[4])]
+    out = routed_experts(leaves[0], first[1], leaves[1], leaves[2], leaves[3])
+    run("grouped_mm", *second)  # a whole step of another batch, with grad
+    with torch.no_grad():
+        routed_experts(second[0], second[1], second[2], second[3], second[4])
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)))
+    for name, a, e in zip(GRAD_NAMES, [out.detach()] + [t.grad for t in leaves], expected,
+                          strict=True):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
+
+
+def test_a_retained_graph_whose_buffers_went_to_later_steps_is_never_silently_wrong():
+    """Its second backward either raises (a saved buffer was overwritten: autograd's
+    version check) or gives the right gradients (it was not)."""
+    x, idx, weight, gate_up, down = random_problem(0, 64, 8, 2, 32, 16)
+    expected = run("loop", x, idx, weight, gate_up, down)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, gate_up, down)]
+    out = routed_experts(leaves[0], idx, *leaves[1:])
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    out.backward(grad_out, retain_graph=True)
+    for seed in range(1, 4):  # later steps take the buffers it gave back, and write them
+        run("grouped_mm", *random_problem(seed, 64, 8, 2, 32, 16))
+    for t in leaves:
+        t.grad = None
+    try:
+        out.backward(grad_out)
+    except RuntimeError as error:
+        assert "modified by an inplace operation" in str(error)
+        return
+    for name, a, e in zip(GRAD_NAMES[1:], [t.grad for t in leaves], expected[1:], strict=True):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
