@@ -165,11 +165,11 @@ def _experts_mm(a: torch.Tensor, b: torch.Tensor, order: SlotOrder, rows: list[i
     if rows is None:
         return grouped_mm(a, b, order.offsets)
     out = _POOL.take((a.shape[0], b.shape[-1]), a)
-    start = 0
-    for e, n in enumerate(rows):
+    # views made by split/unbind in one call each: slicing in Python cost more than the
+    # matmuls' own dispatch at the tiny shape
+    for n, a_e, b_e, out_e in zip(rows, a.split(rows), b.unbind(0), out.split(rows), strict=True):
         if n:
-            torch.mm(a[start : start + n], b[e], out=out[start : start + n])
-            start += n
+            torch.mm(a_e, b_e, out=out_e)
     return out
 
 
