@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.moe import ModelOutput, MoEModel, param_count, preset
+from engine.moe.model import RMSNorm
 
 torch.set_num_threads(1)
 
@@ -174,3 +176,25 @@ def test_loss_falls_on_a_repeated_batch(name):
         model.reset_routing_counts()
         first = first if first is not None else out.ce_loss.item()
     assert out.ce_loss.item() < 0.3 * first
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 32), (2, 8, 3, 16)], ids=["hidden", "per_head"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
+def test_rms_norm_equals_torch_in_outputs_and_gradients(shape, contiguous):
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(shape[-1], eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[-1], generator=g) + 0.5)
+    source = torch.randn(*shape[:-1], 2 * shape[-1], generator=g)
+    # a strided input, as the q/k heads split out of the fused projection are
+    x = source[..., : shape[-1]] if not contiguous else source[..., : shape[-1]].contiguous()
+    grad = torch.randn(shape, generator=g)
+    results = []
+    for fn in (norm, lambda t: F.rms_norm(t, (shape[-1],), norm.weight, norm.eps)):
+        leaf = x.detach().clone().requires_grad_()
+        out = fn(leaf)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad, norm.weight.grad.clone()))
+        norm.weight.grad = None
+    for name, ours, torch_ in zip(("out", "d_x", "d_weight"), *results, strict=True):
+        torch.testing.assert_close(ours, torch_, atol=1e-6, rtol=1e-5, msg=f"{name} differs")
