@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.moe import ModelOutput, MoEModel, param_count, preset
-from engine.moe.model import RMSNorm
+from engine.moe.model import RMSNorm, apply_rotary, rotary_tables
 
 torch.set_num_threads(1)
 
@@ -198,3 +198,29 @@ def test_rms_norm_equals_torch_in_outputs_and_gradients(shape, contiguous):
         norm.weight.grad = None
     for name, ours, torch_ in zip(("out", "d_x", "d_weight"), *results, strict=True):
         torch.testing.assert_close(ours, torch_, atol=1e-6, rtol=1e-5, msg=f"{name} differs")
+
+
+def rotate_half_reference(x, cos, sin):
+    """The textbook form (transformers' apply_rotary_pos_emb) on the first rotary dims."""
+    rotary_dim = 2 * cos.shape[-1]
+    cos, sin = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    first, second = rot.chunk(2, dim=-1)
+    return torch.cat([rot * cos + torch.cat([-second, first], dim=-1) * sin, rest], dim=-1)
+
+
+@pytest.mark.parametrize("partial", [0.5, 1.0])
+def test_rotary_equals_the_textbook_rotate_half_in_outputs_and_gradients(partial):
+    config = preset("nano").replace(head_dim=16, partial_rotary_factor=partial)
+    cos, sin = rotary_tables(config, 12, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 12, 5, 16, generator=g)
+    grad = torch.randn(2, 12, 3, 16, generator=g)
+    results = []
+    for fn in (apply_rotary, rotate_half_reference):
+        leaf = qkv.detach().clone().requires_grad_()
+        out = fn(leaf[:, :, :3], cos, sin)  # strided heads, as split from the fused projection
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad))
+    for name, ours, reference in zip(("out", "d_x"), *results, strict=True):
+        torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
