@@ -6,17 +6,19 @@
 
 - `grouped_mm`: stable-sort the T*k token slots by expert, run two grouped matmuls whose
   groups are the experts' contiguous row ranges, and sum the k slots of each token back.
-  No Python loop over experts; on GPU no host synchronisation. The backward pass is written
-  by hand (`_GroupedExperts`).
+  No Python loop over experts; on GPU no host synchronisation. One autograd function from
+  tokens to tokens with a hand-written backward (`_RoutedExperts`), whose slot-sized
+  scratch tensors are kept from step to step (`ScratchPool`).
 - `padded_bmm`: the same sort, then rows scattered into an [E, max count, d] buffer and two
   batched matmuls; one host sync (the max count). For builds without grouped_mm.
 - `loop`: one masked matmul pair per expert. The test oracle.
 
-The gather into slots and the sum back out are custom autograd functions that are each
-other's transpose, so both directions of both are gathers: `index_select` into slots and
-`embedding_bag(mode="sum")` (a fused gather-and-sum) back to tokens. Autograd's default for
-fancy indexing would scatter-add rows in the backward pass, which is several times slower on
-CPU; the bag sum is 10x faster than permuting the slot rows and adding them.
+The gather into slots and the sum back out are each other's transpose, so both directions of
+both are gathers: `index_select` into slots and `embedding_bag(mode="sum")` (a fused
+gather-and-sum) back to tokens. Autograd's default for fancy indexing would scatter-add rows
+in the backward pass, which is several times slower on CPU; the bag sum is 10x faster than
+permuting the slot rows and adding them. (`padded_bmm` uses the same pair as the custom
+autograd functions `_GatherSlots` and `_ScatterSlots`.)
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class ScratchPool:
     saves), so it is never in two hands; one not given back is simply freed. CUDA tensors
     bypass the pool: the CUDA caching allocator already keeps freed blocks."""
 
-    KEEP = 16  # tensors kept per shape: every MoE layer's saved pair, with room to spare
+    KEEP = 16  # tensors kept per shape: every MoE layer's saved slot rows, with room to spare
 
     def __init__(self) -> None:
         self._free: dict[tuple, list[torch.Tensor]] = {}
@@ -158,77 +160,59 @@ class ScratchPool:
 _POOL = ScratchPool()
 
 
-def _experts_mm(a: torch.Tensor, b: torch.Tensor, order: SlotOrder, rows: list[int] | None):
-    """Row block e of `a` times b[e], for the sorted slot rows: [rows, K] x [E, K, N].
-    On CPU (`rows`, the host counts) one mm per expert straight into a pooled output: the
-    CPU grouped_mm is the same loop, into a fresh tensor. On GPU, grouped_mm (no host sync)."""
-    if rows is None:
-        return grouped_mm(a, b, order.offsets)
-    out = _POOL.take((a.shape[0], b.shape[-1]), a)
-    # views made by split/unbind in one call each: slicing in Python cost more than the
-    # matmuls' own dispatch at the tiny shape
-    for n, a_e, b_e, out_e in zip(rows, a.split(rows), b.unbind(0), out.split(rows), strict=True):
-        if n:
-            torch.mm(a_e, b_e, out=out_e)
-    return out
-
-
 class _RoutedExperts(torch.autograd.Function):
     """Tokens -> sorted slot rows -> the experts' SwiGLU as grouped matmuls -> the weighted
     sum of each token's k slots, with a hand-written backward. Every weight gradient comes
     out of one grouped matmul already in the parameter's [E, out, in] layout, and only the
-    slot rows and the gate/up activations are kept for it. The slot-sized intermediates live
-    in `_POOL` (each fresh one costs page faults on CPU) and the elementwise steps work in
-    place, writing the two halves of the gate/up gradient straight into one buffer. The
-    gather into slots and the sum back out are each other's transpose, so both directions
-    of both are gathers: `index_select` into slots and `embedding_bag(mode="sum")` (a fused
-    gather-and-sum) back to tokens; autograd's default for fancy indexing would scatter-add
-    rows, several times slower on CPU."""
+    slot rows and the gate/up activations are kept for it. The slot-sized tensors this code
+    allocates itself (the gathers and the elementwise results) live in `_POOL`, and the
+    elementwise steps write the two halves of the gate/up gradient straight into one buffer.
+    The gather into slots and the sum back out are each other's transpose, so both
+    directions of both are gathers: `index_select` into slots and `embedding_bag(mode="sum")`
+    (a fused gather-and-sum) back to tokens; autograd's default for fancy indexing would
+    scatter-add rows, several times slower on CPU."""
 
     @staticmethod
     def forward(ctx, x, w_sorted, gate_up, down, order):
-        rows = order.counts.tolist() if x.device.type == "cpu" else None
         slots, f = order.token_of_sorted.numel(), down.shape[-1]
         xs = torch.index_select(x, 0, order.token_of_sorted, out=_POOL.take((slots, x.shape[1]), x))
-        h = _experts_mm(xs, gate_up.transpose(-2, -1), order, rows)
+        h = grouped_mm(xs, gate_up.transpose(-2, -1), order.offsets)
         gate, up = h.chunk(2, dim=-1)
         act_w = torch.ops.aten.silu.out(gate, out=_POOL.take((slots, f), x))
         act_w.mul_(up).mul_(w_sorted.unsqueeze(-1))
-        ys = _experts_mm(act_w, down.transpose(-2, -1), order, rows)
-        y = _sum_slots(ys, order)
-        _POOL.give(act_w, ys)
+        y = _sum_slots(grouped_mm(act_w, down.transpose(-2, -1), order.offsets), order)
+        _POOL.give(act_w)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(xs, h, w_sorted, gate_up, down)
-            ctx.order, ctx.rows = order, rows
+            ctx.order = order
         else:
-            _POOL.give(xs, h)
+            _POOL.give(xs)
         return y
 
     @staticmethod
     def backward(ctx, d_y):
         xs, h, w_sorted, gate_up, down = ctx.saved_tensors
-        order, rows = ctx.order, ctx.rows
+        order, offsets = ctx.order, ctx.order.offsets
         slots, f = xs.shape[0], down.shape[-1]
         d_ys = torch.index_select(
-            d_y.contiguous(), 0, order.token_of_sorted, out=_POOL.take((slots, xs.shape[1]), xs)
+            d_y.contiguous(), 0, order.token_of_sorted, out=_POOL.take(tuple(xs.shape), xs)
         )
         gate, up = h.chunk(2, dim=-1)
         w = w_sorted.unsqueeze(-1)
         silu_gate = torch.ops.aten.silu.out(gate, out=_POOL.take((slots, f), xs))
         act = torch.mul(silu_gate, up, out=_POOL.take((slots, f), xs))
-        d_act = _experts_mm(d_ys, down, order, rows)  # d(act * w); times w below: d(act)
+        d_act = grouped_mm(d_ys, down, offsets)  # d(act * w); times w below: d(act)
         product = torch.mul(d_act, act, out=_POOL.take((slots, f), xs))
         d_w_sorted = product.sum(-1)
-        d_down = grouped_mm(d_ys.T, act.mul_(w), order.offsets)
+        d_down = grouped_mm(d_ys.T, act.mul_(w), offsets)
         d_act.mul_(w)
         d_h = _POOL.take(tuple(h.shape), h)
         d_gate, d_up = d_h.chunk(2, dim=-1)
         torch.mul(d_act, silu_gate, out=d_up)
         torch.ops.aten.silu_backward.grad_input(d_act.mul_(up), gate, grad_input=d_gate)
-        d_gate_up = grouped_mm(d_h.T, xs, order.offsets)
-        d_xs = _experts_mm(d_h, gate_up, order, rows)
-        d_x = _sum_slots(d_xs, order)
-        _POOL.give(xs, h, d_ys, silu_gate, act, d_act, product, d_h, d_xs)
+        d_gate_up = grouped_mm(d_h.T, xs, offsets)
+        d_x = _sum_slots(grouped_mm(d_h, gate_up, offsets), order)
+        _POOL.give(xs, d_ys, silu_gate, act, product, d_h)
         return d_x, d_w_sorted, d_gate_up, d_down, None
 
 
