@@ -167,10 +167,7 @@ class _RoutedExperts(torch.autograd.Function):
     slot rows and the gate/up activations are kept for it. The slot-sized tensors this code
     allocates itself (the gathers and the elementwise results) live in `_POOL`, and the
     elementwise steps write the two halves of the gate/up gradient straight into one buffer.
-    The gather into slots and the sum back out are each other's transpose, so both
-    directions of both are gathers: `index_select` into slots and `embedding_bag(mode="sum")`
-    (a fused gather-and-sum) back to tokens; autograd's default for fancy indexing would
-    scatter-add rows, several times slower on CPU."""
+    Both directions of the gather and of the sum are gathers (module docstring)."""
 
     @staticmethod
     def forward(ctx, x, w_sorted, gate_up, down, order):
