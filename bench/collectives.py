@@ -88,6 +88,12 @@ def worker(args: argparse.Namespace) -> None:
     topo = Topology.from_env().init_groups()
     from engine.horing.cost import calibrate
 
+    # calibrate on a warm host, as every timing below is taken: one 32 MB all-reduce of each
+    # algorithm first (a cold first calibration probed intra 434-594 MB/s, later ones on the
+    # same cluster 580-870 MB/s; after this warm-up the first one probes 689-703 MB/s)
+    warm = torch.zeros(32 * MB // 4)
+    for algo in ALGOS:
+        all_reduce(warm, topo, algo=algo)
     links = calibrate(topo)
     rows = []
     for size_mb in args.sizes_mb:
