@@ -1,0 +1,44 @@
+"""The MoE benchmarks run end to end and print one JSON document with the ratios issue #3
+names (their quick forms; the figures themselves are `make bench`'s, not a test's)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache  # each benchmark runs once for all the tests that read its document
+def run_benchmark(module: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "module, ratios",
+    [
+        ("bench.moe_layer", {"layer_vs_hf_best_tiny", "layer_vs_hf_eager_min"}),
+        ("bench.moe_model", {"model_vs_glm4moe", "model_with_mtp_vs_glm4moe"}),
+    ],
+)
+def test_the_benchmark_prints_its_ratios(module, ratios):
+    document = run_benchmark(module)
+    assert set(document["ratios"]) == ratios
+    assert all(value > 0 for value in document["ratios"].values())
+
+
+def test_the_layer_benchmark_checks_every_implementation_against_ours_before_timing():
+    tiny = run_benchmark("bench.moe_layer")["shapes"]["tiny"]
+    assert set(tiny["max_abs_diff_vs_ours"]) == {"eager", "grouped_mm"}
+    assert max(tiny["max_abs_diff_vs_ours"].values()) <= 1e-5
+    assert set(tiny["ms"]) == {"ours", "hf_eager", "hf_grouped_mm", "dense_mm"}
