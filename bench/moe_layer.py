@@ -1,14 +1,15 @@
 """MoE layer forward+backward: ours vs transformers' DeepseekV3MoE (moe.md section 7).
 
-Same shapes, same weights (copied), outputs and gradients checked equal before timing.
-CPU, fp32, 2 threads; the implementations are timed round-robin (one call of each per
-round) so that a change in machine load hits them alike; median over the rounds
+Same shapes, same weights (copied), outputs and gradients checked equal before timing (to
+1e-6 in fp32; in bf16 to a relative error of 1e-2, what bf16 rounding leaves of two orders of
+summation). CPU, fp32, 2 threads by default, or a GPU in bf16 with `--device cuda`; the
+implementations are timed round-robin (bench/side_by_side.py); median over the rounds
 (minimum listed too).
 Also reports our layer's achieved GFLOP/s as a fraction of one dense `torch.mm` with the
 same FLOPs, and HF eager's time over that matmul's: the largest speedup over eager that any
 implementation of the layer's FLOPs could reach at that shape. Prints one JSON document.
 
-    .venv/bin/python bench/moe_layer.py [--rounds 7] [--quick]
+    .venv/bin/python -m bench.moe_layer [--rounds 7] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -16,21 +17,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.hf_reference import hf_layer_like  # noqa: E402
+from bench.side_by_side import (  # noqa: E402
+    Target,
+    add_target_arguments,
+    cast_parameters,
+    target_from_args,
+    time_round_robin,
+)
 from engine.moe import preset  # noqa: E402
 from engine.moe.model import MoE  # noqa: E402
 
-THREADS = 2
 # name, hidden, experts, top-k, expert width, groups, kept groups, tokens. The ratios are taken
 # at the tiny preset's layer and two larger ones of the same family: the small preset's, and
 # its routing at hidden 768 (expert width d/4 and 64+ fine-grained experts, as in every Ling
@@ -49,7 +55,7 @@ OTHER_SHAPES = [
 HF_IMPLS = ("eager", "grouped_mm")
 
 
-def build(shape):
+def build(shape, target: Target):
     _, d, e, k, f, groups, kept, _ = shape
     config = preset("tiny").replace(
         hidden_size=d, num_experts=e, num_experts_per_tok=k, moe_intermediate_size=f,
@@ -60,8 +66,8 @@ def build(shape):
     with torch.no_grad():
         for p in ours.parameters():
             p.normal_(0.0, 0.02)
-    hf = {impl: hf_layer_like(ours, impl) for impl in HF_IMPLS}
-    return ours, hf
+    hf = {impl: cast_parameters(hf_layer_like(ours, impl), target) for impl in HF_IMPLS}
+    return cast_parameters(ours, target), hf
 
 
 def step(layer, x, grad):
@@ -82,43 +88,45 @@ def layer_flops(shape) -> float:
     return 3.0 * forward  # backward is twice the forward
 
 
-def time_round_robin(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Milliseconds per call, one call of each function per round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return times
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
-def bench_shape(shape, rounds: int) -> dict:
+def check_equal(value: torch.Tensor, reference: torch.Tensor) -> None:
+    if value.dtype == torch.float32:
+        torch.testing.assert_close(value, reference, atol=1e-6, rtol=1e-5)
+    else:
+        error = relative_error(value, reference)
+        assert error <= 1e-2, f"relative error {error:.2e} over 1e-2 in {value.dtype}"
+
+
+def bench_shape(shape, rounds: int, target: Target) -> dict:
     name, d, *_, tokens = shape
-    ours, hf = build(shape)
+    ours, hf = build(shape, target)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, tokens, d, generator=g)
-    grad = torch.randn(1, tokens, d, generator=g)
+    x, grad = (torch.randn(1, tokens, d, generator=g).to(target.device, target.dtype)
+               for _ in range(2))
 
     reference_out, reference_dx = step(ours, x, grad)
-    max_diff = {}
+    max_diff, relative = {}, {}
     for impl, layer in hf.items():
         out, dx = step(layer, x, grad)
         max_diff[impl] = max((out - reference_out).abs().max().item(),
                              (dx - reference_dx).abs().max().item())
-        torch.testing.assert_close(out, reference_out, atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(dx, reference_dx, atol=1e-6, rtol=1e-5)
+        relative[impl] = max(relative_error(out, reference_out), relative_error(dx, reference_dx))
+        check_equal(out, reference_out)
+        check_equal(dx, reference_dx)
 
     flops = layer_flops(shape)
     dense_n = max(64, round(flops / (2 * tokens * d) / 64) * 64)
-    a, b = torch.randn(tokens, d), torch.randn(d, dense_n)
+    a = torch.randn(tokens, d, device=target.device, dtype=target.dtype)
+    b = torch.randn(d, dense_n, device=target.device, dtype=target.dtype)
     fns = {"ours": lambda: step(ours, x, grad)}
     for impl, layer in hf.items():
         fns[f"hf_{impl}"] = lambda layer=layer: step(layer, x, grad)
     fns["dense_mm"] = lambda: torch.mm(a, b)
-    for fn in fns.values():  # warm-up
-        fn()
-    times = time_round_robin(fns, rounds)
+    time_round_robin(fns, 2, target)  # warm-up
+    times = time_round_robin(fns, rounds, target)
     ms = {name: statistics.median(t) for name, t in times.items()}
     ours_gflops = flops / ms["ours"] / 1e6
     dense_gflops = 2 * tokens * d * dense_n / ms["dense_mm"] / 1e6
@@ -129,6 +137,7 @@ def bench_shape(shape, rounds: int) -> dict:
         "ms": {k: round(v, 2) for k, v in ms.items()},
         "ms_min": {k: round(min(t), 2) for k, t in times.items()},
         "max_abs_diff_vs_ours": max_diff,
+        "relative_error_vs_ours": relative,
         "ours_gflops": round(ours_gflops, 1),
         "dense_mm_gflops": round(dense_gflops, 1),
         "dense_mm_shape": [tokens, d, dense_n],
@@ -143,14 +152,24 @@ def bench_shape(shape, rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per shape")
+    parser.add_argument("--rounds", type=int, help="timed rounds per shape (7 on cpu, 50 on cuda)")
     parser.add_argument("--quick", action="store_true", help="tiny shape only, 3 rounds")
+    parser.add_argument("--tokens", type=int,
+                        help="tokens per call at every shape (default: each shape's own; a GPU "
+                             "needs many more than the CPU shapes have to be busy)")
+    add_target_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(THREADS)
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    rounds = 3 if args.quick else args.rounds
-    results = {shape[0]: bench_shape(shape, rounds) for shape in shapes}
-    others = {} if args.quick else {shape[0]: bench_shape(shape, rounds) for shape in OTHER_SHAPES}
+    target = target_from_args(args)
+
+    def sized(shapes):
+        return [(*shape[:-1], args.tokens) for shape in shapes] if args.tokens else shapes
+
+    shapes = sized(SHAPES[:1] if args.quick else SHAPES)
+    rounds = 3 if args.quick else args.rounds or (50 if target.on_cuda else 7)
+    results = {shape[0]: bench_shape(shape, rounds, target) for shape in shapes}
+    others = {} if args.quick else {
+        shape[0]: bench_shape(shape, rounds, target) for shape in sized(OTHER_SHAPES)
+    }
     large = [results[s[0]] for s in SHAPES[1:] if s[0] in results]
     ratios = {"layer_vs_hf_best_tiny": results["tiny"]["speedup_vs_hf_best"]}
     if large:
@@ -159,8 +178,7 @@ def main() -> None:
     ratios["layer_vs_hf_eager_min"] = min(r["speedup_vs_hf_eager"] for r in results.values())
     print(json.dumps({
         "benchmark": "moe_layer",
-        "device": "cpu", "dtype": "float32", "threads": THREADS, "rounds": rounds,
-        "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+        **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "ratios": ratios,
         "shapes": results,

@@ -5,10 +5,11 @@ top-4 in 8 groups keep 4, one shared expert, GQA 4/2, QK-norm, half-rotary RoPE)
 batch (8 x 256 byte tokens) and the same optimiser (torch's fused AdamW, its fastest on CPU,
 as the engine's own optimiser step is fused). Glm4Moe has no training-time
 MTP, so the headline ratio compares ours with MTP off; ours with its MTP layer on is
-reported too. CPU, fp32, 2 threads; one training step of each model per round, round-robin,
-median over the rounds after warm-up (the minimum is listed too). Prints one JSON document.
+reported too. CPU, fp32, 2 threads by default, or a GPU in bf16 with `--device cuda`; one
+training step of each model per round, round-robin (bench/side_by_side.py), median over the
+rounds after warm-up (the minimum is listed too). Prints one JSON document.
 
-    .venv/bin/python bench/moe_model.py [--rounds 7] [--quick]
+    .venv/bin/python -m bench.moe_model [--rounds 7] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -18,18 +19,23 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM  # noqa: E402
 
+from bench.side_by_side import (  # noqa: E402
+    add_target_arguments,
+    cast_parameters,
+    target_from_args,
+    time_round_robin,
+)
 from engine.moe import MoEModel, param_count, preset  # noqa: E402
 
-THREADS = 2
 BATCH, SEQ = 8, 256
 
 
@@ -70,46 +76,45 @@ def trainer(model, forward):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="timed training steps per model")
+    parser.add_argument("--rounds", type=int,
+                        help="timed training steps per model (7 on cpu, 30 on cuda)")
     parser.add_argument("--quick", action="store_true", help="3 rounds")
+    add_target_arguments(parser)
     args = parser.parse_args()
-    rounds = 3 if args.quick else args.rounds
-    torch.set_num_threads(THREADS)
+    target = target_from_args(args)
+    rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 7)
     torch.manual_seed(0)
 
     config = preset("tiny")
     no_mtp = config.replace(num_nextn_predict_layers=0)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=g)
+    tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=g).to(target.device)
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
 
     models = {
-        "ours": trainer(MoEModel(no_mtp), lambda m: m(input_ids, labels).loss),
-        "ours_with_mtp": trainer(MoEModel(config), lambda m: m(input_ids, labels).loss),
+        name: trainer(cast_parameters(MoEModel(c), target), lambda m: m(input_ids, labels).loss)
+        for name, c in (("ours", no_mtp), ("ours_with_mtp", config))
     }
     hf_params = {}
     for impl in ("grouped_mm", "eager"):
-        hf = glm4moe_like(config, impl)
+        hf = cast_parameters(glm4moe_like(config, impl), target)
         hf_params[impl] = sum(p.numel() for p in hf.parameters())
         # transformers shifts labels itself: give it the unshifted sequence
         models[f"glm4moe_{impl}"] = trainer(
             hf, lambda m: m(input_ids=tokens[:, :-1], labels=tokens[:, :-1]).loss
         )
-    for step in models.values():  # warm-up
-        step()
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, step in models.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
+    time_round_robin(models, 2, target)  # warm-up
+    times = {
+        name: [ms / 1e3 for ms in t]
+        for name, t in time_round_robin(models, rounds, target).items()
+    }
     seconds = {name: statistics.median(t) for name, t in times.items()}
     tokens_per_s = {name: BATCH * SEQ / s for name, s in seconds.items()}
     hf_best = max(tokens_per_s["glm4moe_grouped_mm"], tokens_per_s["glm4moe_eager"])
     print(json.dumps({
         "benchmark": "moe_model",
-        "device": "cpu", "dtype": "float32", "threads": THREADS, "rounds": rounds,
-        "batch_tokens": BATCH * SEQ, "torch": torch.__version__,
+        **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
+        "batch_tokens": BATCH * SEQ,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "params": {"ours": param_count(no_mtp), "ours_with_mtp": param_count(config),
                    "glm4moe": hf_params["grouped_mm"]},

@@ -65,14 +65,17 @@ def sort_slots(idx: torch.Tensor, num_experts: int) -> SlotOrder:
     expert_of_sorted, slot_of_sorted = torch.sort(flat, stable=True)
     sorted_of_slot = torch.empty_like(slot_of_sorted)
     sorted_of_slot[slot_of_sorted] = torch.arange(flat.numel(), device=flat.device)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # group ends by binary search in the sorted experts: `bincount` on CUDA reads the
+    # largest index back to the host, this does not
+    experts = torch.arange(num_experts, device=flat.device, dtype=flat.dtype)
+    offsets = torch.searchsorted(expert_of_sorted, experts, right=True, out_int32=True)
     return SlotOrder(
         token_of_sorted=slot_of_sorted // idx.shape[1],
         slot_of_sorted=slot_of_sorted,
         sorted_of_slot=sorted_of_slot,
         expert_of_sorted=expert_of_sorted,
-        counts=counts,
-        offsets=torch.cumsum(counts, 0, dtype=torch.int32),
+        counts=torch.diff(offsets, prepend=offsets.new_zeros(1)).long(),
+        offsets=offsets,
         top_k=idx.shape[1],
     )
 

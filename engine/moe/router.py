@@ -88,7 +88,8 @@ class Router(nn.Module):
         """Switch/Megatron balance loss E * sum_i f_i P_i over this micro-batch."""
         num_experts = scores.shape[-1]
         probs = scores if self.config.score_function == "softmax" else scores / scores.sum(-1, True)
-        counts = torch.bincount(idx.reshape(-1), minlength=num_experts).to(probs.dtype)
+        flat = idx.reshape(-1)  # counted by index_add: `bincount` syncs with the host on CUDA
+        counts = probs.new_zeros(num_experts).index_add_(0, flat, probs.new_ones(flat.numel()))
         fraction = counts / idx.numel()
         return num_experts * (fraction * probs.mean(0)).sum()
 

@@ -311,7 +311,7 @@ class ShardedDataParallel:
             adamw([self._master[r] for r in runs], [grad[r] for r in runs],
                   [self._exp_avg[r] for r in runs], [self._exp_avg_sq[r] for r in runs], [],
                   # the kernel counts each tensor's step up by one before it uses it
-                  [torch.tensor(float(self.adam_step - 1)) for _ in runs],
+                  [torch.tensor(float(self.adam_step - 1), device=grad.device) for _ in runs],
                   fused=True, amsgrad=False, maximize=False, beta1=beta1, beta2=beta2, lr=lr,
                   weight_decay=decay, eps=self.eps)
 

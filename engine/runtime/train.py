@@ -116,7 +116,8 @@ class StepMetrics:
 
 def init_distributed(device: str) -> tuple[int, int, torch.device]:
     """Join the process group described by the launcher's environment (RANK, WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT); gloo on CPU, NCCL on GPU."""
+    MASTER_ADDR, MASTER_PORT); gloo on CPU. On GPU, NCCL carries the CUDA tensors and gloo
+    the small CPU ones that the control, anomaly and checkpoint agreements exchange."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -134,7 +135,7 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
         # The launcher's store outlives a restart of the ranks: each incarnation gets its own
         # key space, or a restarted rank may read the address of a rank that has died.
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+        dist.init_process_group("cuda:nccl,cpu:gloo" if device == "cuda" else "gloo",
                                 store=dist.PrefixStore(f"ringside/{restart}", store),
                                 rank=rank, world_size=world)
     return dist.get_rank(), dist.get_world_size(), dev

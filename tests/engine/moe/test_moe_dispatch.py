@@ -28,7 +28,7 @@ def random_problem(seed, tokens, experts, k, d, f, dtype=torch.float32, skewed=F
 def run(impl, x, idx, weight, gate_up, down):
     leaves = [t.clone().requires_grad_() for t in (x, weight, gate_up, down)]
     out = routed_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3], impl)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out)
     out.backward(grad_out)
     return [out.detach()] + [t.grad for t in leaves]
 
@@ -85,6 +85,25 @@ def test_dispatch_equals_loop_in_bf16(impl, threads):
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype
         torch.testing.assert_close(a.float(), e.float(), atol=2e-2, rtol=2e-2)
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value.cpu().float() - reference).norm() / reference.norm()).item()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
+def test_on_cuda_bf16_dispatch_equals_the_fp32_loop(shape):
+    """The CUDA grouped_mm kernels take bf16 only; the oracle runs in fp32 on the CPU on the
+    same (bf16-rounded) inputs, and bf16 keeps about 3 significant digits."""
+    *dims, skewed = shape
+    problem = random_problem(0, *dims, dtype=torch.bfloat16, skewed=skewed)
+    expected = run("loop", *(t.float() if t.is_floating_point() else t for t in problem))
+    on_gpu = [t.cuda() for t in problem]
+    assert grouped_mm_supports(on_gpu[0], on_gpu[3]) == (dims[3] % 8 == 0 and dims[4] % 8 == 0)
+    actual = run("grouped_mm", *on_gpu)
+    for name, a, e in zip(GRAD_NAMES, actual, expected, strict=True):
+        assert relative_error(a, e) <= 2e-2, f"{name} differs"
 
 
 def test_grouped_mm_kernel_is_used_for_aligned_fp32_and_bf16():

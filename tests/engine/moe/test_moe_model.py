@@ -151,16 +151,22 @@ def test_bad_inputs_name_the_argument():
         MoEModel(config.replace(num_experts_per_tok=9))
 
 
-@pytest.mark.parametrize("name", ["nano", "nano-ling1"])
-def test_loss_falls_on_a_repeated_batch(name):
+def nano_config(router: str):
+    """The nano preset (ling2), or nano with Ling-1's router, head and attention."""
     config = preset("nano")
-    if name == "nano-ling1":
+    if router == "ling1":
         config = config.replace(
             router_mode="ling1", score_function="softmax", moe_router_enable_expert_bias=False,
             n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_head=True,
             use_qk_norm=False, partial_rotary_factor=1.0, num_nextn_predict_layers=0,
             aux_loss_coef=0.015, z_loss_coef=1e-4, srw_warmup_steps=10,
         )
+    return config
+
+
+@pytest.mark.parametrize("router", ["ling2", "ling1"])
+def test_loss_falls_on_a_repeated_batch(router):
+    config = nano_config(router)
     torch.manual_seed(0)
     model = MoEModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -224,3 +230,22 @@ def test_rotary_equals_the_textbook_rotate_half_in_outputs_and_gradients(partial
         results.append((out.detach(), leaf.grad))
     for name, ours, reference in zip(("out", "d_x"), *results, strict=True):
         torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("router", ["ling2", "ling1"])
+def test_a_bf16_training_step_on_cuda_never_waits_for_the_host(router):
+    """Routing, dispatch, losses and their gradients are queued without one device-to-host
+    copy (torch raises on any synchronising call in this mode)."""
+    model = MoEModel(nano_config(router)).cuda()
+    for parameter in model.parameters():  # the routing buffers stay fp32
+        parameter.data = parameter.data.to(torch.bfloat16)
+    input_ids, labels = (t.cuda() for t in batch(model.config))
+    model(input_ids, labels).loss.backward()  # kernels load and autotune outside the check
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(input_ids, labels).loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+

@@ -177,3 +177,33 @@ def test_overhead_per_op_is_microseconds():
     assert sampled.ring.written == 3 * n
     # generous bound: the machine is shared; quiet, it is ~2 us (L1) and ~3 us (L2)
     assert always_on < 25 and sampled_us < 40
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_an_op_lasts_its_device_time_and_the_host_does_not_wait_for_it():
+    timer = OpTimer(backend="cuda")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with timer.op("warm-up", kind="matmul"):  # loads cuBLAS; anchors the stream's clock
+        a @ a
+    torch.cuda.synchronize()
+    timer.step_end(1)
+    reference = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    launched = time.perf_counter()
+    reference[0].record()
+    with timer.op("mm", kind="matmul", flops=10 * 2 * 8192**3):
+        for _ in range(10):
+            a @ a
+    reference[1].record()
+    launch_ms = (time.perf_counter() - launched) * 1e3
+    assert [s.info.name for s in timer.in_flight()] == ["mm"]  # still running on the device
+    reference[1].synchronize()
+    device_ms = reference[0].elapsed_time(reference[1])
+    deadline = time.perf_counter() + 5
+    while timer.in_flight() and time.perf_counter() < deadline:
+        time.sleep(1e-3)
+    stats = timer.step_end(2).ops["mm"]
+    timer.close()
+    assert launch_ms < device_ms / 4
+    assert stats.count == 1
+    assert stats.total_ms == pytest.approx(device_ms, rel=0.05)
+    assert stats.tflops == pytest.approx(10 * 2 * 8192**3 / (device_ms * 1e9), rel=0.05)
