@@ -30,7 +30,7 @@ from bench.hf_reference import hf_layer_like  # noqa: E402
 from bench.side_by_side import (  # noqa: E402
     Target,
     add_target_arguments,
-    cast_parameters,
+    on_target,
     target_from_args,
     time_round_robin,
 )
@@ -66,8 +66,8 @@ def build(shape, target: Target):
     with torch.no_grad():
         for p in ours.parameters():
             p.normal_(0.0, 0.02)
-    hf = {impl: cast_parameters(hf_layer_like(ours, impl), target) for impl in HF_IMPLS}
-    return cast_parameters(ours, target), hf
+    hf = {impl: on_target(hf_layer_like(ours, impl), target) for impl in HF_IMPLS}
+    return on_target(ours, target), hf
 
 
 def step(layer, x, grad):

@@ -30,7 +30,7 @@ from transformers import Glm4MoeConfig, Glm4MoeForCausalLM  # noqa: E402
 
 from bench.side_by_side import (  # noqa: E402
     add_target_arguments,
-    cast_parameters,
+    on_target,
     target_from_args,
     time_round_robin,
 )
@@ -92,12 +92,12 @@ def main() -> None:
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
 
     models = {
-        name: trainer(cast_parameters(MoEModel(c), target), lambda m: m(input_ids, labels).loss)
+        name: trainer(on_target(MoEModel(c), target), lambda m: m(input_ids, labels).loss)
         for name, c in (("ours", no_mtp), ("ours_with_mtp", config))
     }
     hf_params = {}
     for impl in ("grouped_mm", "eager"):
-        hf = cast_parameters(glm4moe_like(config, impl), target)
+        hf = on_target(glm4moe_like(config, impl), target)
         hf_params[impl] = sum(p.numel() for p in hf.parameters())
         # transformers shifts labels itself: give it the unshifted sequence
         models[f"glm4moe_{impl}"] = trainer(

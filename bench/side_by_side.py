@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.moe import cast_parameters
+
 CPU_THREADS = 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -65,13 +67,10 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target(torch.device(args.device), dtype)
 
 
-def cast_parameters(module: torch.nn.Module, target: Target) -> torch.nn.Module:
-    """The module on the target device with its parameters in the target dtype. Buffers keep
-    their dtype: both models keep routing state (expert bias, counts) in fp32."""
-    module.to(target.device)
-    for parameter in module.parameters():
-        parameter.data = parameter.data.to(target.dtype)
-    return module
+def on_target(module: torch.nn.Module, target: Target) -> torch.nn.Module:
+    """The module on the target device with its parameters in the target dtype; buffers keep
+    theirs (both libraries keep routing state in fp32), as the engine trains on a GPU."""
+    return cast_parameters(module.to(target.device), target.dtype)
 
 
 def time_round_robin(

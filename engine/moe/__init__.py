@@ -20,12 +20,15 @@ The training loop's interface:
     model.set_step(step)                          # Stochastic Routing Warmup (ling1)
 
     param_count(config, active=False)             # on the meta device; no memory needed
+    cast_parameters(model.cuda(), torch.bfloat16) # bf16 weights, fp32 routing state (GPU)
 
 MoE layers are ordered as the decoder's MoE layers, then the MTP layers'. MTP runs only in
 training mode (`model.train()`); `ce_loss` never includes it.
 """
 
 from engine.moe.config import PRESETS, MoEConfig, preset
-from engine.moe.model import ModelOutput, MoEModel, param_count
+from engine.moe.model import ModelOutput, MoEModel, cast_parameters, param_count
 
-__all__ = ["MoEConfig", "ModelOutput", "MoEModel", "PRESETS", "param_count", "preset"]
+__all__ = [
+    "MoEConfig", "ModelOutput", "MoEModel", "PRESETS", "cast_parameters", "param_count", "preset",
+]

@@ -422,6 +422,15 @@ class MoEModel(nn.Module):
         return stats
 
 
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The module with its parameters, and not its buffers, in `dtype` (bf16 training on GPU):
+    the routing state (expert bias, token counts, z-loss) stays fp32, where a count of tokens
+    is exact and a bias update of 1e-3 is not rounded away."""
+    for parameter in module.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return module
+
+
 def param_count(config: MoEConfig, active: bool = False) -> int:
     """Parameters of `MoEModel(config)`, built on the meta device (nothing allocated).
 

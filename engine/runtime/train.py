@@ -27,7 +27,7 @@ from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_chec
 from engine.checkpoint.layout import step_dir_name
 from engine.horing import Topology
 from engine.horing.cost import calibrate
-from engine.moe import MoEModel
+from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import (
     Attention,
     LMHead,
@@ -141,6 +141,13 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), dev
 
 
+def param_dtype(device: torch.device) -> torch.dtype:
+    """The parameters' dtype: bf16 on GPU, with fp32 master weights and Adam moments in the
+    sharded optimizer (and the grouped-matmul dispatch, whose CUDA kernels take bf16 only);
+    fp32 on CPU, the setting of the CPU benchmarks and convergence checks."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def choose_strategy(spec: JobSpec, topo: Topology, device: torch.device) -> str:
     """The spec's PaRO strategy, or for `auto` the planner's first pick for this model, the
     measured links and the memory of one device. Rank 0 decides; every rank gets its answer."""
@@ -153,7 +160,7 @@ def choose_strategy(spec: JobSpec, topo: Topology, device: torch.device) -> str:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(topo.world_size)))
         budget = psutil.virtual_memory().total // local_world
     rows = plan(spec.model, topo, budget, spec.train.grad_accum, links,
-                dtype_bytes=4, collective=spec.parallel.collective)
+                dtype_bytes=param_dtype(device).itemsize, collective=spec.parallel.collective)
     choice = [rows[0].strategy]
     dist.broadcast_object_list(choice, src=0)
     return choice[0]
@@ -225,7 +232,8 @@ class Trainer:
 
         self.strategy = choose_strategy(spec, self.topo, self.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
-        self.model = MoEModel(spec.model).to(self.device)
+        self.model = cast_parameters(MoEModel(spec.model).to(self.device),
+                                     param_dtype(self.device))
         # timing and fault handling: every rank times its own ops and runs the detectors;
         # aggregation and decisions are collective, so all ranks act alike
         self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=t.trace_every)
@@ -649,8 +657,9 @@ class Trainer:
 
     def fit(self) -> Outcome:
         self._emit("state", state="running", world_size=self.world_size,
-                   device=str(self.device), strategy=self.strategy,
-                   params=sum(p.numel() for p in self.model.parameters()))
+                   device=str(self.device),
+                   dtype=str(param_dtype(self.device)).removeprefix("torch."),
+                   strategy=self.strategy, params=sum(p.numel() for p in self.model.parameters()))
         bar = ProgressBar(self.spec.train.steps) if self.rank == 0 else None
         self._outcome: Outcome | None = None
         self.watchdog.start()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.moe import ModelOutput, MoEModel, param_count, preset
+from engine.moe import ModelOutput, MoEModel, cast_parameters, param_count, preset
 from engine.moe.model import RMSNorm, apply_rotary, rotary_tables
 
 torch.set_num_threads(1)
@@ -232,14 +232,27 @@ def test_rotary_equals_the_textbook_rotate_half_in_outputs_and_gradients(partial
         torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-6, msg=f"{name} differs")
 
 
+def test_bf16_parameters_keep_the_routing_state_in_fp32():
+    config = preset("nano")
+    model = cast_parameters(MoEModel(config), torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in model.buffers()} == {torch.float32}
+    input_ids, labels = batch(config, batch_size=4, seq=64)
+    out = model(input_ids, labels)
+    out.loss.backward()
+    assert out.logits is None and out.loss.isfinite()
+    assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    # every token's k choices counted exactly, in every MoE layer
+    counts = model.routing_counts()
+    assert counts.sum(-1).tolist() == [4 * 64 * config.num_experts_per_tok] * len(counts)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("router", ["ling2", "ling1"])
 def test_a_bf16_training_step_on_cuda_never_waits_for_the_host(router):
     """Routing, dispatch, losses and their gradients are queued without one device-to-host
     copy (torch raises on any synchronising call in this mode)."""
-    model = MoEModel(nano_config(router)).cuda()
-    for parameter in model.parameters():  # the routing buffers stay fp32
-        parameter.data = parameter.data.to(torch.bfloat16)
+    model = cast_parameters(MoEModel(nano_config(router)).cuda(), torch.bfloat16)
     input_ids, labels = (t.cuda() for t in batch(model.config))
     model(input_ids, labels).loss.backward()  # kernels load and autotune outside the check
     torch.cuda.set_sync_debug_mode("error")

@@ -326,3 +326,23 @@ def test_step_refuses_an_incomplete_accumulation(single_rank):
     with pytest.raises(RuntimeError, match="3 times before step"):
         dp.forward_backward(ids, labels)
     assert dp.step(LR, CLIP) > 0
+
+
+def test_bf16_parameters_step_fp32_master_weights_and_follow_them(single_rank):
+    """As the engine trains on a GPU: the optimizer updates an fp32 copy and the bf16
+    parameters are that copy rounded, so updates smaller than a bf16 step still add up."""
+    torch.manual_seed(0)
+    model = TinyLM().to(torch.bfloat16)
+    dp = ShardedDataParallel(model, single_rank, "NNN", lr=LR)
+    batch, losses = global_batch(0, 0, 1), []
+    for _ in range(10):
+        losses.append(dp.forward_backward(*batch).loss.item())
+        dp.step(LR, CLIP)
+    master, _, length = dp.sharded_state()["params"]
+    assert master.dtype == torch.float32
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert flat.dtype == torch.bfloat16
+    assert torch.equal(flat, master[:length].to(torch.bfloat16))
+    assert not torch.equal(master[:length], flat.float())  # the master holds more than bf16
+    assert dp.state_bytes()["optim"] == 3 * 4 * dp.layout.padded  # master, m, v in fp32
+    assert losses[-1] < losses[0]

@@ -123,6 +123,7 @@ def test_reshard_moves_the_run_to_new_layouts_and_the_curve_continues(tmp_path):
     running = [e for e in events if e["type"] == "state" and e["state"] == "running"]
     assert [r["strategy"] for r in running] == ["IIG", "GGG", "NNN"]
     assert [r["world_size"] for r in running] == [4, 2, 1]
+    assert {r["dtype"] for r in running} == {"float32"}  # on CPU; bfloat16 on GPU
     assert sorted(losses_by_step(events)) == list(range(1, 61))
     want, got = losses_by_step(straight.events()), losses_by_step(events)
     for step in range(1, 61):
