@@ -9,7 +9,7 @@ Also reports our layer's achieved GFLOP/s as a fraction of one dense `torch.mm` 
 same FLOPs, and HF eager's time over that matmul's: the largest speedup over eager that any
 implementation of the layer's FLOPs could reach at that shape. Prints one JSON document.
 
-    .venv/bin/python -m bench.moe_layer [--rounds 7] [--quick] [--device cuda]
+    .venv/bin/python -m bench.moe_layer [--rounds N] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def bench_shape(shape, rounds: int, target: Target) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="timed rounds per shape (7 on cpu, 50 on cuda)")
+    parser.add_argument("--rounds", type=int, help="timed rounds per shape (15 on cpu, 50 on cuda)")
     parser.add_argument("--quick", action="store_true", help="tiny shape only, 3 rounds")
     parser.add_argument("--tokens", type=int,
                         help="tokens per call at every shape (default: each shape's own; a GPU "
@@ -165,7 +165,7 @@ def main() -> None:
         return [(*shape[:-1], args.tokens) for shape in shapes] if args.tokens else shapes
 
     shapes = sized(SHAPES[:1] if args.quick else SHAPES)
-    rounds = 3 if args.quick else args.rounds or (50 if target.on_cuda else 7)
+    rounds = 3 if args.quick else args.rounds or (50 if target.on_cuda else 15)
     results = {shape[0]: bench_shape(shape, rounds, target) for shape in shapes}
     others = {} if args.quick else {
         shape[0]: bench_shape(shape, rounds, target) for shape in sized(OTHER_SHAPES)

@@ -9,7 +9,7 @@ reported too. CPU, fp32, 2 threads by default, or a GPU in bf16 with `--device c
 training step of each model per round, round-robin (bench/side_by_side.py), median over the
 rounds after warm-up (the minimum is listed too). Prints one JSON document.
 
-    .venv/bin/python -m bench.moe_model [--rounds 7] [--quick] [--device cuda]
+    .venv/bin/python -m bench.moe_model [--rounds N] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -77,12 +77,12 @@ def trainer(model, forward):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int,
-                        help="timed training steps per model (7 on cpu, 30 on cuda)")
+                        help="timed training steps per model (15 on cpu, 30 on cuda)")
     parser.add_argument("--quick", action="store_true", help="3 rounds")
     add_target_arguments(parser)
     args = parser.parse_args()
     target = target_from_args(args)
-    rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 7)
+    rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 15)
     torch.manual_seed(0)
 
     config = preset("tiny")
