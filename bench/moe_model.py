@@ -2,14 +2,16 @@
 
 Both models get the same shapes (the tiny preset: d 256, 6 layers, first dense, 64 experts
 top-4 in 8 groups keep 4, one shared expert, GQA 4/2, QK-norm, half-rotary RoPE), the same
-batch (8 x 256 byte tokens) and the same optimiser (torch's fused AdamW, its fastest on CPU,
-as the engine's own optimiser step is fused). Glm4Moe has no training-time
-MTP, so the headline ratio compares ours with MTP off; ours with its MTP layer on is
-reported too. CPU, fp32, 2 threads by default, or a GPU in bf16 with `--device cuda`; one
-training step of each model per round, round-robin (bench/side_by_side.py), median over the
-rounds after warm-up (the minimum is listed too). Prints one JSON document.
+batch (8 x 256 byte tokens by default; a GPU is busy only with many more) and the same
+optimiser (torch's fused AdamW, its fastest on CPU, as the engine's own optimiser step is
+fused). Glm4Moe has no training-time MTP, so the headline ratio compares ours with MTP off;
+ours with its MTP layer on is reported too. CPU, fp32, 2 threads by default, or a GPU in bf16
+with `--device cuda`; one training step of each model per round, round-robin
+(bench/side_by_side.py), median over the rounds after warm-up (the minimum is listed too).
+Prints one JSON document.
 
-    .venv/bin/python -m bench.moe_model [--rounds N] [--quick] [--device cuda]
+    .venv/bin/python -m bench.moe_model [--rounds N] [--quick] [--device cuda] [--batch B]
+                                        [--seq T]
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from bench.side_by_side import (  # noqa: E402
 )
 from engine.moe import MoEModel, param_count, preset  # noqa: E402
 
-BATCH, SEQ = 8, 256
+BATCH, SEQ = 8, 256  # the issue's tiny-model step
 
 
 def glm4moe_like(config, experts_implementation: str) -> Glm4MoeForCausalLM:
@@ -79,6 +81,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int,
                         help="timed training steps per model (15 on cpu, 30 on cuda)")
     parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"sequences per step ({BATCH})")
+    parser.add_argument("--seq", type=int, default=SEQ, help=f"tokens per sequence ({SEQ})")
     add_target_arguments(parser)
     args = parser.parse_args()
     target = target_from_args(args)
@@ -88,7 +92,8 @@ def main() -> None:
     config = preset("tiny")
     no_mtp = config.replace(num_nextn_predict_layers=0)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (BATCH, SEQ + 1), generator=g).to(target.device)
+    shape = (args.batch, args.seq + 1)
+    tokens = torch.randint(0, config.vocab_size, shape, generator=g).to(target.device)
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
 
     models = {
@@ -109,12 +114,12 @@ def main() -> None:
         for name, t in time_round_robin(models, rounds, target).items()
     }
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    tokens_per_s = {name: BATCH * SEQ / s for name, s in seconds.items()}
+    tokens_per_s = {name: args.batch * args.seq / s for name, s in seconds.items()}
     hf_best = max(tokens_per_s["glm4moe_grouped_mm"], tokens_per_s["glm4moe_eager"])
     print(json.dumps({
         "benchmark": "moe_model",
         **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
-        "batch_tokens": BATCH * SEQ,
+        "batch": args.batch, "seq": args.seq,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "params": {"ours": param_count(no_mtp), "ours_with_mtp": param_count(config),
                    "glm4moe": hf_params["grouped_mm"]},
