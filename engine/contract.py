@@ -1,0 +1,381 @@
+"""What crosses the engine/platform seam, defined once: events, commands, exit codes, job
+states, strategy names and the checkpoint-folder rules.
+
+The engine owns this module and emits only through it; the platform (ingest, supervisor,
+websocket consumers, API) parses only through it. It imports nothing but the standard library,
+so web processes that import it never load torch.
+
+Events travel as flat JSON objects `{type, job, step, time, seq, ...fields}`. Each type is a
+dataclass below: `event.to_dict()` gives the wire form, `parse_event(data)` the typed event,
+raising `ContractError` naming the bad field for anything malformed (the ingest stores such an
+event as it came and logs why). Fields an event type does not declare are kept in `details`
+(flattened back on the wire), so an engine that adds a field never breaks an older reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from pathlib import Path
+from typing import Any, ClassVar
+
+# -- names ---------------------------------------------------------------------------------
+
+# PaRO strategies (paro-horing.md): where parameters, gradients and optimizer states live
+STRATEGIES = ("NNN", "NNG", "NGG", "GGG", "NII", "NIG", "IIG", "IGG", "ING", "III")
+COLLECTIVES = ("native", "ring", "hier", "horing")
+
+
+class ExitCode(IntEnum):
+    """How `python -m engine.train` ends (a signal ends it with 128 + the signal's number)."""
+
+    COMPLETED = 0
+    FAILED = 1
+    USAGE = 2  # a bad spec or command line: nothing ran
+    PAUSED = 3  # a checkpoint was written; `--resume` continues the run
+    CANCELLED = 4  # by a cancel command
+
+
+class JobState(StrEnum):
+    """A job's lifecycle (DESIGN.md §3). The engine reports the states it passes through in
+    `state` events; the platform's state machine moves between all of them."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    ROLLING_BACK = "rolling_back"
+    RESHARDING = "resharding"
+    COMPLETING = "completing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+class CommandKind(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    CHECKPOINT = "checkpoint"
+    ROLLBACK = "rollback"
+    RESHARD = "reshard"
+
+
+@dataclass(frozen=True)
+class CommandRule:
+    """When a command may be issued and the state the job takes while it is carried out
+    (None: the job keeps its state)."""
+
+    allowed_in: frozenset[JobState]
+    moves_to: JobState | None
+
+
+_S = JobState
+COMMAND_RULES: dict[CommandKind, CommandRule] = {
+    CommandKind.PAUSE: CommandRule(frozenset({_S.RUNNING}), _S.PAUSING),
+    CommandKind.RESUME: CommandRule(frozenset({_S.PAUSED}), _S.QUEUED),
+    CommandKind.CANCEL: CommandRule(frozenset(_S) - FINAL_STATES, _S.CANCELLED),
+    CommandKind.CHECKPOINT: CommandRule(frozenset({_S.RUNNING}), None),
+    CommandKind.ROLLBACK: CommandRule(frozenset({_S.RUNNING}), _S.ROLLING_BACK),
+    CommandKind.RESHARD: CommandRule(frozenset({_S.RUNNING}), _S.RESHARDING),
+}
+
+
+class ContractError(ValueError):
+    """Malformed data at the seam; `field` names what is wrong (dotted path)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+@dataclass
+class Command:
+    """One control request for a running job: `{id, kind, args}` on the control stream or in
+    the run's `control.jsonl`. `id` is what the engine's `action` event names."""
+
+    kind: CommandKind
+    args: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": str(self.kind), "args": self.args}
+        if self.id:
+            data["id"] = self.id
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Command:
+        if not isinstance(data, dict):
+            raise ContractError("command", "must be a JSON object")
+        kind = data.get("kind")
+        if kind not in tuple(CommandKind):
+            raise ContractError("command.kind", f"must be one of {', '.join(CommandKind)}")
+        args = data.get("args", {})
+        if not isinstance(args, dict):
+            raise ContractError("command.args", "must be an object")
+        return cls(kind=CommandKind(kind), args=args, id=str(data.get("id", "")))
+
+
+# -- events --------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class Event:
+    """Fields every event has. `job`, `time` and `seq` are stamped by the event log."""
+
+    type: ClassVar[str]
+    step: int
+    job: str = ""
+    time: float = 0.0
+    seq: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: flat, None-valued optional fields left out, non-finite floats as
+        strings (NaN is not JSON; a NaN loss must stay visible)."""
+        data: dict[str, Any] = {"type": self.type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "details" or (value is None and _optional(f)):
+                continue
+            data[f.name] = value
+        data.update(self.details)
+        return _jsonable(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        hints = typing.get_type_hints(cls)
+        known, missing = {}, []
+        for f in dataclasses.fields(cls):
+            if f.name == "details":
+                continue
+            if f.name not in data:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    missing.append(f.name)
+                continue
+            known[f.name] = _checked(f"{cls.type}.{f.name}", data[f.name], hints[f.name])
+        if missing:
+            raise ContractError(f"{cls.type}.{missing[0]}", "is required")
+        details = {k: v for k, v in data.items()
+                   if k != "type" and k not in known and k not in _field_names(cls)}
+        return cls(**known, details=details)
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _optional(f: dataclasses.Field) -> bool:
+    return f.default is None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, StrEnum):
+        return str(value)
+    return value
+
+
+def _checked(name: str, value: Any, hint: Any) -> Any:
+    """`value` if it is of the annotated type (numbers may be NaN/inf strings), else raise."""
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for kind in allowed:
+        origin = typing.get_origin(kind) or kind
+        if kind is type(None) and value is None:
+            return value
+        if origin is float:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+            if value in ("nan", "inf", "-inf"):
+                return float(value)
+        elif origin is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif origin is typing.Any:
+            return value
+        elif isinstance(origin, type) and isinstance(value, origin):
+            return value
+    names = " or ".join("null" if k is type(None) else getattr(typing.get_origin(k) or k,
+                                                               "__name__", str(k))
+                        for k in allowed)
+    raise ContractError(name, f"must be {names}, got {type(value).__name__}")
+
+
+@dataclass(kw_only=True)
+class StateEvent(Event):
+    """A lifecycle change of the engine: starting, running (with the layout it runs on),
+    resharding (the layout it relaunches on), completed, paused, failed, cancelled."""
+
+    type: ClassVar[str] = "state"
+    state: str
+    world_size: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    strategy: str | None = None
+    params: int | None = None
+    parallel: dict | None = None  # resharding: the new layout
+    micro_batch: int | None = None  # resharding: the micro-batch that keeps the global batch
+    error: str | None = None  # failed
+    reason: str | None = None  # cancelled
+    traceback: str | None = None
+
+
+@dataclass(kw_only=True)
+class StepEvent(Event):
+    """One optimizer step, reduced over the ranks (memory and step time: the worst rank)."""
+
+    type: ClassVar[str] = "step"
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens_per_s: float
+    step_time: float
+    tokens: int
+    memory: dict
+    eval_loss: float | None = None
+    state_bytes: dict | None = None
+    comm: dict | None = None
+    system: list | None = None  # one row per rank: CPU, RSS, GPU memory and utilisation
+
+
+@dataclass(kw_only=True)
+class OpsEvent(Event):
+    """Per-op timings of one step across ranks (engine.xputimer.aggregate)."""
+
+    type: ClassVar[str] = "ops"
+    step_ms: float
+    void_share: float
+    data_wait_share: float
+    ops: dict
+    ranks: list
+
+
+@dataclass(kw_only=True)
+class ExpertsEvent(Event):
+    """Routing balance of every MoE layer at one step (moe.md section 8)."""
+
+    type: ClassVar[str] = "experts"
+    layers: list
+
+
+@dataclass(kw_only=True)
+class AnomalyEvent(Event):
+    """What a detector found; `rank` None for a global signal."""
+
+    type: ClassVar[str] = "anomaly"
+    kind: str
+    severity: str
+    rank: int | None = None
+    evidence: dict = field(default_factory=dict)
+
+
+class ActionBy(StrEnum):
+    POLICY = "policy"  # the engine's fault ladder
+    COMMAND = "command"  # a command from a person or the platform
+
+
+@dataclass(kw_only=True)
+class ActionEvent(Event):
+    """Something done to the run: by the fault policy (naming the anomaly and its rung) or
+    for a command (naming its id), or a command refused (`action` "refused", with `error`).
+    What the action did (a checkpoint's path, the steps of a rollback) is in `details`."""
+
+    type: ClassVar[str] = "action"
+    action: str
+    by: str | None = None
+    command: str | None = None
+    kind: str | None = None  # a refused command's kind
+    anomaly: str | None = None
+    rung: int | None = None
+    rank: int | None = None
+    reason: str | None = None
+    error: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.action == "refused"
+
+
+@dataclass(kw_only=True)
+class CheckpointEvent(Event):
+    type: ClassVar[str] = "checkpoint"
+    path: str
+    tier: str  # "disk" or "memory"
+    blocking_s: float
+    size_bytes: int
+    strategy: str
+    world_size: int
+
+
+@dataclass(kw_only=True)
+class LogEvent(Event):
+    type: ClassVar[str] = "log"
+    level: str
+    message: str
+
+
+EVENT_CLASSES: dict[str, type[Event]] = {
+    cls.type: cls for cls in (StateEvent, StepEvent, OpsEvent, ExpertsEvent, AnomalyEvent,
+                              ActionEvent, CheckpointEvent, LogEvent)
+}
+EVENT_TYPES = tuple(EVENT_CLASSES)
+
+
+def parse_event(data: Any) -> Event:
+    """The typed event for a wire dict; ContractError naming the field if it is malformed or
+    of an unknown type."""
+    if not isinstance(data, dict):
+        raise ContractError("event", "must be a JSON object")
+    cls = EVENT_CLASSES.get(data.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ContractError("type", f"unknown event type {data.get('type')!r}; "
+                            f"known: {', '.join(EVENT_TYPES)}")
+    return cls.from_dict(data)
+
+
+# -- the bus -------------------------------------------------------------------------------
+
+def events_stream(job: str) -> str:
+    """The Redis stream of a job's events; event `seq` is entry `<seq>-0`, JSON in `event`."""
+    return f"ringside:job:{job}:events"
+
+
+def control_stream(job: str) -> str:
+    """The Redis stream of a job's commands, JSON in the entry's `command` field."""
+    return f"ringside:job:{job}:control"
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+def checkpoint_dir(configured: str, run_dir: Path) -> Path:
+    """Where a run keeps its disk checkpoints: `checkpoint.dir`, else `<run dir>/checkpoints`."""
+    return Path(configured) if configured else run_dir / "checkpoints"
+
+
+def memory_dir(directory: str | Path) -> Path:
+    """The memory-tier folder of a checkpoint directory: the same on every restart."""
+    key = hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return root / f"ringside-ckpt-{key}"
+
+
+def checkpoint_tiers(directory: str | Path) -> list[Path]:
+    """Where a run's checkpoints may be, fastest first: the memory tier, then the disk."""
+    return [memory_dir(directory), Path(directory)]
