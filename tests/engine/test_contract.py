@@ -1,0 +1,160 @@
+"""engine.contract: every event and command crosses the engine/platform seam in one typed form,
+and anything malformed is refused with the field named."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import contract
+from engine.contract import (
+    COMMAND_RULES,
+    EVENT_CLASSES,
+    EVENT_TYPES,
+    ActionEvent,
+    AnomalyEvent,
+    CheckpointEvent,
+    Command,
+    CommandKind,
+    ContractError,
+    ExpertsEvent,
+    JobState,
+    LogEvent,
+    OpsEvent,
+    StateEvent,
+    StepEvent,
+    checkpoint_dir,
+    checkpoint_tiers,
+    memory_dir,
+    parse_event,
+)
+
+DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
+
+# one event of every type, as the engine emits it
+SAMPLES = [
+    StateEvent(step=0, state="running", world_size=4, device="cpu", dtype="float32",
+               strategy="IIG", params=1234),
+    StepEvent(step=7, loss=2.5, grad_norm=0.8, lr=1e-3, tokens_per_s=1e4, step_time=0.2,
+              tokens=8192, memory={"rss_bytes": 1 << 30}, eval_loss=2.6,
+              state_bytes={"params": 10}, comm={"intra_bytes": 5}, system=[{"rank": 0}]),
+    OpsEvent(step=7, step_ms=200.0, void_share=0.01, data_wait_share=0.02,
+             ops={"forward": {"kind": "compute", "total_ms": 80.0}}, ranks=[{"rank": 0}]),
+    ExpertsEvent(step=7, layers=[{"tokens_per_expert": [3, 5], "dead_experts": 0}]),
+    AnomalyEvent(step=9, kind="loss_spike", severity="warning", rank=None,
+                 evidence={"z": 7.1}),
+    ActionEvent(step=9, action="rollback", by="command", command="12",
+                details={"from_step": 9, "to_step": 5, "skip_data": True}),
+    CheckpointEvent(step=10, path="/runs/1/checkpoints/step-000010", tier="disk",
+                    blocking_s=0.01, size_bytes=4096, strategy="NNN", world_size=2),
+    LogEvent(step=10, level="info", message="resumed", details={"trace": "t.json"}),
+]
+
+
+def test_there_is_a_sample_of_every_event_type():
+    assert sorted(type(e).type for e in SAMPLES) == sorted(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)
+def test_every_event_type_round_trips_through_json(event):
+    event.job, event.seq, event.time = "42", 3, 1700000000.5
+    wire = json.loads(json.dumps(event.to_dict()))
+    assert wire["type"] == event.type
+    assert parse_event(wire) == event
+
+
+def test_fields_outside_the_declaration_travel_flat_and_come_back_as_details():
+    wire = SAMPLES[5].to_dict()
+    assert wire["from_step"] == 9 and "details" not in wire
+    assert parse_event(wire).details == {"from_step": 9, "to_step": 5, "skip_data": True}
+
+
+def test_unset_optional_fields_are_left_off_the_wire():
+    wire = StateEvent(step=0, state="starting", world_size=2).to_dict()
+    assert set(wire) == {"type", "step", "job", "time", "seq", "state", "world_size"}
+
+
+def test_a_nan_loss_travels_as_a_string_and_parses_back_to_nan():
+    wire = StepEvent(step=1, loss=math.nan, grad_norm=math.inf, lr=0.0, tokens_per_s=0.0,
+                     step_time=1.0, tokens=0, memory={}).to_dict()
+    assert (wire["loss"], wire["grad_norm"]) == ("nan", "inf")
+    json.dumps(wire, allow_nan=False)
+    parsed = parse_event(wire)
+    assert math.isnan(parsed.loss) and parsed.grad_norm == math.inf
+
+
+@pytest.mark.parametrize(("wire", "field"), [
+    ({"type": "anomaly", "step": 3, "severity": "error"}, "anomaly.kind"),
+    ({"type": "step", "step": "seven", "loss": 1.0}, "step.step"),
+    ({"type": "checkpoint", "step": 1, "path": 5, "tier": "disk", "blocking_s": 0.1,
+      "size_bytes": 1, "strategy": "NNN", "world_size": 1}, "checkpoint.path"),
+    ({"type": "action", "step": 1, "action": "rollback", "rung": "two"}, "action.rung"),
+    ({"type": "state", "step": 1, "state": "running", "world_size": True}, "state.world_size"),
+    ({"type": "teleport", "step": 1}, "type"),
+    ({"step": 1}, "type"),
+    (["not", "an", "object"], "event"),
+])
+def test_a_malformed_event_is_refused_naming_the_field(wire, field):
+    with pytest.raises(ContractError) as refused:
+        parse_event(wire)
+    assert refused.value.field == field
+    assert str(refused.value).startswith(f"{field}: ")
+
+
+def test_a_refused_command_is_an_action_event_that_says_so():
+    refused = parse_event({"type": "action", "step": 4, "action": "refused", "command": "3",
+                           "kind": "rollback", "error": "rollback: no good checkpoint"})
+    assert refused.refused and refused.error.startswith("rollback:")
+    assert not parse_event(SAMPLES[5].to_dict()).refused
+
+
+def test_commands_round_trip_and_name_a_bad_field():
+    command = Command(kind=CommandKind.ROLLBACK, args={"step": 40, "skip_data": True}, id="7")
+    assert Command.from_dict(json.loads(json.dumps(command.to_dict()))) == command
+    assert Command.from_dict({"kind": "pause"}) == Command(kind=CommandKind.PAUSE)
+    for bad, field in [("pause", "command"), ({"kind": "explode"}, "command.kind"),
+                       ({"kind": "pause", "args": [1]}, "command.args")]:
+        with pytest.raises(ContractError) as refused:
+            Command.from_dict(bad)
+        assert refused.value.field == field
+
+
+def test_every_command_kind_has_a_rule_and_moves_only_to_known_states():
+    assert set(COMMAND_RULES) == set(CommandKind)
+    for rule in COMMAND_RULES.values():
+        assert rule.allowed_in and rule.allowed_in <= set(JobState)
+        assert rule.moves_to is None or rule.moves_to in JobState
+    assert COMMAND_RULES[CommandKind.RESUME].allowed_in == {JobState.PAUSED}
+    assert JobState.COMPLETED not in COMMAND_RULES[CommandKind.CANCEL].allowed_in
+
+
+def test_checkpoint_folder_and_tiers(tmp_path):
+    assert checkpoint_dir("", tmp_path) == tmp_path / "checkpoints"
+    assert checkpoint_dir("/shared/ckpt", tmp_path) == Path("/shared/ckpt")
+    folder = tmp_path / "checkpoints"
+    assert checkpoint_tiers(folder) == [memory_dir(folder), folder]
+    assert memory_dir(folder) == memory_dir(str(folder) + "/")  # one folder, one tier
+
+
+def test_the_contract_imports_nothing_but_the_standard_library():
+    script = ("import sys; import engine.contract, engine.ports; "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('torch', 'numpy', 'django', 'redis')))")
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, cwd=Path(contract.__file__).parents[1])
+    assert found.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not DESIGN.exists(), reason=f"no DESIGN.md at {DESIGN} (the shared "
+                    "folder sits beside the checkout in development and CI)")
+def test_designs_event_list_is_the_contracts():
+    text = DESIGN.read_text(encoding="utf-8")
+    section = text.split("### Events", 1)[1].split("###", 1)[0]
+    listed = re.findall(r"`(\w+)`(?: \(|\.)", section)
+    assert sorted(listed) == sorted(EVENT_CLASSES)
