@@ -354,66 +354,81 @@ def _stages(
     is the block rank r owns; `scale` divides the owned block after the last reduction; the
     first reduction reads the local contributions from `src` when given (see
     `_ring_reduce_scatter`)."""
-    me = dist.get_rank()
-    node, local = topo.node_of(me), topo.local_rank_of(me)
-    intra_ring, rail_ring = topo.node_ranks(node), topo.rail_ranks(local)
-
-    def intra_pieces(blocks: list[Range]) -> list[Piece]:
-        # position j of a node ring collects everything rail j will own
-        return [[blocks[block_of[r]] for r in topo.rail_ranks(j)] for j in range(len(intra_ring))]
-
-    def rail_pieces(blocks: list[Range]) -> list[Piece]:
-        return [[blocks[block_of[r]]] for r in rail_ring]
-
-    def scratch(name: str) -> Callable[[int], torch.Tensor]:
-        return lambda numel: space.buffer(name, flat, numel)
-
-    def finish(blocks: list[Range]) -> None:
-        if scale is not None:
-            a, b = blocks[block_of[me]]
-            flat[a:b].div_(scale)
-
     trivial = {"intra_rs", "intra_ag"} if topo.procs_per_node == 1 else set()
     trivial |= {"inter_rs", "inter_ag"} if topo.nodes == 1 else set()
     kinds = tuple(kind for kind in kinds if kind not in trivial)
-    reductions = [kind for kind in kinds if kind.endswith("_rs")]
     # a lone inter stage (a reduce-scatter's or an all-gather's) runs two chunks at once, on
     # the rail's two communicators: while one lane waits on its partner or on its thread
     # being scheduled, the other keeps the NIC busy (an all-reduce's inter RS and inter AG
     # already overlap each other that way; giving each of them a second lane as well was
     # slower, measured: more threads competing for the host's cores)
     inter_lanes = 2 if sum(kind.startswith("inter") for kind in kinds) == 1 else 1
-    rails = {"inter_rs": (topo.inter, topo.inter_ag), "inter_ag": (topo.inter_ag, topo.inter)}
-
-    def reduce(kind: str) -> Stage:
-        def run(blocks: list[Range], lane: int) -> None:
-            origin = src if kind == reductions[0] else None
-            if kind == "intra_rs":
-                pieces, ring, group = intra_pieces(blocks), intra_ring, topo.intra
-            else:
-                pieces, ring, group = rail_pieces(blocks), rail_ring, rails[kind][lane]
-            _ring_reduce_scatter(flat, pieces, ring, group, scratch(f"{kind}{lane}"), origin)
-            if kind == reductions[-1]:
-                finish(blocks)
-
-        return run
-
-    def gather(kind: str) -> Stage:
-        def run(blocks: list[Range], lane: int) -> None:
-            if kind == "intra_ag":
-                _ring_all_gather(flat, intra_pieces(blocks), intra_ring, topo.intra_ag)
-            else:
-                _ring_all_gather(flat, rail_pieces(blocks), rail_ring, rails[kind][lane])
-
-        return run
-
+    phases = _Phases(flat, topo, block_of, kinds, scale, space, src)
     return [
         _Stage(
-            reduce(kind) if kind in reductions else gather(kind),
+            phases.reduce(kind) if kind in phases.reductions else phases.gather(kind),
             inter_lanes if kind.startswith("inter") else 1,
         )
         for kind in kinds
     ]
+
+
+class _Phases:
+    """The ring phases of one hierarchical collective, seen from this rank."""
+
+    def __init__(self, flat: torch.Tensor, topo: Topology, block_of: list[int],
+                 kinds: tuple[str, ...], scale: float | None, space: _Workspace,
+                 src: torch.Tensor | None):
+        self.flat, self.topo, self.block_of = flat, topo, block_of
+        self.scale, self.space, self.src = scale, space, src
+        self.me = dist.get_rank()
+        self.intra_ring = topo.node_ranks(topo.node_of(self.me))
+        self.rail_ring = topo.rail_ranks(topo.local_rank_of(self.me))
+        self.reductions = [kind for kind in kinds if kind.endswith("_rs")]
+        self.rails = {"inter_rs": (topo.inter, topo.inter_ag),
+                      "inter_ag": (topo.inter_ag, topo.inter)}
+
+    def intra_pieces(self, blocks: list[Range]) -> list[Piece]:
+        # position j of a node ring collects everything rail j will own
+        return [[blocks[self.block_of[r]] for r in self.topo.rail_ranks(j)]
+                for j in range(len(self.intra_ring))]
+
+    def rail_pieces(self, blocks: list[Range]) -> list[Piece]:
+        return [[blocks[self.block_of[r]]] for r in self.rail_ring]
+
+    def scratch(self, name: str) -> Callable[[int], torch.Tensor]:
+        return lambda numel: self.space.buffer(name, self.flat, numel)
+
+    def finish(self, blocks: list[Range]) -> None:
+        if self.scale is not None:
+            a, b = blocks[self.block_of[self.me]]
+            self.flat[a:b].div_(self.scale)
+
+    def reduce(self, kind: str) -> Stage:
+        def run(blocks: list[Range], lane: int) -> None:
+            origin = self.src if kind == self.reductions[0] else None
+            if kind == "intra_rs":
+                pieces, ring, group = self.intra_pieces(blocks), self.intra_ring, self.topo.intra
+            else:
+                pieces, ring, group = (self.rail_pieces(blocks), self.rail_ring,
+                                       self.rails[kind][lane])
+            _ring_reduce_scatter(self.flat, pieces, ring, group, self.scratch(f"{kind}{lane}"),
+                                 origin)
+            if kind == self.reductions[-1]:
+                self.finish(blocks)
+
+        return run
+
+    def gather(self, kind: str) -> Stage:
+        def run(blocks: list[Range], lane: int) -> None:
+            if kind == "intra_ag":
+                _ring_all_gather(self.flat, self.intra_pieces(blocks), self.intra_ring,
+                                 self.topo.intra_ag)
+            else:
+                _ring_all_gather(self.flat, self.rail_pieces(blocks), self.rail_ring,
+                                 self.rails[kind][lane])
+
+        return run
 
 
 def _run(stages: list[_Stage], chunks: list[list[Range]], pipelined: bool) -> None:

@@ -36,6 +36,23 @@ from engine.xputimer import OpTimer
 STATE_KINDS = ("params", "exp_avg", "exp_avg_sq")
 
 
+def _check_arguments(params: list[nn.Parameter], lr: float, betas: tuple[float, float],
+                     eps: float, weight_decay: float, grad_accum: int) -> None:
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be at least 1, got {grad_accum}")
+    if lr < 0 or weight_decay < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(
+            f"need lr >= 0, weight_decay >= 0, eps > 0 and betas in [0, 1); got lr={lr}, "
+            f"weight_decay={weight_decay}, eps={eps}, betas={betas}"
+        )
+    if not params:
+        raise ValueError("model: has no parameters to shard")
+    if any(not p.requires_grad for p in params):
+        raise ValueError("model: frozen parameters (requires_grad=False) are not supported")
+    if len({p.dtype for p in params}) != 1 or len({p.device for p in params}) != 1:
+        raise ValueError("model: all parameters must share one dtype and one device")
+
+
 class ShardedDataParallel:
     def __init__(
         self,
@@ -50,21 +67,8 @@ class ShardedDataParallel:
         collective: str = "native",
         timer: OpTimer | None = None,
     ):
-        if grad_accum < 1:
-            raise ValueError(f"grad_accum must be at least 1, got {grad_accum}")
-        if lr < 0 or weight_decay < 0 or eps <= 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(
-                f"need lr >= 0, weight_decay >= 0, eps > 0 and betas in [0, 1); got lr={lr}, "
-                f"weight_decay={weight_decay}, eps={eps}, betas={betas}"
-            )
         params = list(model.parameters())
-        if not params:
-            raise ValueError("model: has no parameters to shard")
-        if any(not p.requires_grad for p in params):
-            raise ValueError("model: frozen parameters (requires_grad=False) are not supported")
-        if len({p.dtype for p in params}) != 1 or len({p.device for p in params}) != 1:
-            raise ValueError("model: all parameters must share one dtype and one device")
-
+        _check_arguments(params, lr, betas, eps, weight_decay, grad_accum)
         self.module = model
         self.strategy = parse_strategy(strategy)
         self.comm = Comm(topo, collective, timer)
@@ -84,24 +88,35 @@ class ShardedDataParallel:
             self._offsets.append(offset)
             offset += p.numel()
         self.layout = ShardLayout(offset, topo.nodes, topo.procs_per_node)
+        self._full = self._flat_parameters()
+        self._init_optimizer_state()
+        if self.strategy.params != "N":
+            self._free_params()
 
-        s, lay = self.strategy, self.layout
-        full = torch.zeros(lay.padded, dtype=params[0].dtype, device=params[0].device)
+    def _flat_parameters(self) -> torch.Tensor:
+        """One flat buffer holding every parameter (rank 0's initialisation, broadcast); the
+        parameters become views into it."""
+        params = self._params
+        full = torch.zeros(self.layout.padded, dtype=params[0].dtype, device=params[0].device)
         with torch.no_grad():
             for p, off in zip(params, self._offsets, strict=True):
                 full[off : off + p.numel()].copy_(p.reshape(-1))
         dist.broadcast(full, src=0)  # every rank starts from rank 0's initialisation
-        self._full = full
         for p, off in zip(params, self._offsets, strict=True):
             p.data = full[off : off + p.numel()].view_as(p)
+        return full
+
+    def _init_optimizer_state(self) -> None:
+        """This rank's shards: parameters, fp32 master weights, Adam moments, gradients."""
+        s, lay, full = self.strategy, self.layout, self._full
         self._param_shard = self._own(full, s.params).clone() if s.params != "N" else None
         # fp32 parameters are their own master weights: the optimizer's shard is a view into
         # the parameter shard (the nested layout puts it inside); other dtypes keep a copy
         self._master_is_param = full.dtype == torch.float32
         if self._master_is_param:
             param_storage = full if s.params == "N" else self._param_shard
-            base = self.layout.start(s.params, self._group, self._local)
-            start = self.layout.start(s.optim, self._group, self._local) - base
+            base = lay.start(s.params, self._group, self._local)
+            start = lay.start(s.optim, self._group, self._local) - base
             self._master = param_storage[start : start + lay.size(s.optim)]
         else:
             self._master = self._own(full, s.optim).to(torch.float32, copy=True)
@@ -113,9 +128,7 @@ class ShardedDataParallel:
         with_decay, without = _split(self._owned_ranges(lambda p: p.ndim >= 2, s.optim),
                                      self._master.numel())
         self._adam_groups = [(runs, decay) for runs, decay in
-                             ((with_decay, weight_decay), (without, 0.0)) if runs]
-        if s.params != "N":
-            self._free_params()
+                             ((with_decay, self.weight_decay), (without, 0.0)) if runs]
 
     # ---- the training loop's interface -------------------------------------------------
 
