@@ -23,7 +23,7 @@ def module_names(roots: dict[Path, str]) -> dict[str, Path]:
     modules = {}
     for root, prefix in roots.items():
         for path in sorted(root.rglob("*.py")):
-            parts = [*prefix.split(".")] if prefix else []
+            parts = prefix.split(".") if prefix else []
             parts += path.relative_to(root).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts.pop()
