@@ -1,20 +1,16 @@
-"""Anomaly detectors, cross-rank agreement, the response ladder and fault injection."""
+"""Anomaly detectors, cross-rank agreement, the response ladder, the fault policy and fault
+injection. All but the agreement across ranks (agree.py, and the manager that runs it) is
+torch-free: the platform validates the spec's `faults` with it."""
 
-from engine.anomaly.agree import agree_anomalies
-from engine.anomaly.anomaly import KINDS, SEVERITIES, Anomaly, crash_anomaly
-from engine.anomaly.detectors import DEFAULTS, Detectors, EwmaZ, policy_thresholds
-from engine.anomaly.inject import INJECTED_CRASH_EXIT_CODE, FaultInjector
-from engine.anomaly.ladder import (
-    ACTIONS,
-    DEFAULT_LADDERS,
-    Decision,
-    ResponseLadder,
-    policy_ladders,
-)
-from engine.anomaly.manager import FaultManager, policy_errors
+from engine.lazy import lazy_exports
 
-__all__ = [
-    "ACTIONS", "DEFAULTS", "DEFAULT_LADDERS", "INJECTED_CRASH_EXIT_CODE", "KINDS", "SEVERITIES",
-    "Anomaly", "Decision", "Detectors", "EwmaZ", "FaultInjector", "FaultManager", "ResponseLadder",
-    "agree_anomalies", "crash_anomaly", "policy_errors", "policy_ladders", "policy_thresholds",
-]
+__all__, __getattr__ = lazy_exports(__name__, {
+    "agree": ("agree_anomalies",),
+    "anomaly": ("KINDS", "SEVERITIES", "Anomaly", "crash_anomaly"),
+    "detectors": ("Detectors", "EwmaZ"),
+    "inject": ("FAULT_KINDS", "INJECTED_CRASH_EXIT_CODE", "FaultInjection", "FaultInjector"),
+    "ladder": ("Decision", "ResponseLadder"),
+    "manager": ("FaultManager",),
+    "policy": ("ACTIONS", "DEFAULTS", "DEFAULT_LADDERS", "LADDER_ACTIONS", "FaultPolicy",
+               "policy_errors", "policy_ladders", "policy_thresholds"),
+})

@@ -6,7 +6,8 @@
     found += detectors.check_ops(step, aggregate)               # OpAggregator result
     found += detectors.check_experts(step, experts)             # MoE `experts` stats
 
-Thresholds come from `faults.policy.thresholds[kind][param]` over DEFAULTS. Every detector
+Thresholds come from `faults.policy.thresholds[kind][param]` over the policy's
+DEFAULTS (policy.py, where each rule's defaults are explained). Every detector
 state is plain numbers and lists, so `state_dict()` goes into the checkpoint as is.
 
 Where the defaults differ from the spec's, it is for short runs on small models: the EwmaZ
@@ -23,64 +24,8 @@ import math
 import statistics
 from typing import Any
 
-from engine.anomaly.anomaly import KINDS, Anomaly
-from engine.runtime.spec import FaultPolicy, SpecError
-
-DEFAULTS: dict[str, dict[str, float]] = {
-    "nan": {},
-    # EwmaZ(alpha, warmup, z) plus a relative floor; > max_factor x the max seen after
-    # max_after steps is catastrophic whatever the variance (Megatron's rule)
-    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 3.0, "min_rise": 0.25,
-                   "max_factor": 10.0, "max_after": 100, "wide": 3},
-    # the gradient norm swings widely early in training (a clean tiny run reaches 8x its
-    # running mean near step 30), so it is judged only after 100 steps and more strictly;
-    # an early injected spike is caught by the loss detector in the same step
-    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 2.0,
-                   "max_factor": 10.0, "max_after": 100, "wide": 3},
-    # windowed median throughput against the best windowed median (NVRx: best/current < 0.7)
-    "throughput_drop": {"ratio": 0.7, "window": 10, "warmup": 5},
-    # per-rank compute time over a window: median of the other ranks / rank < score, for
-    # `patience` steps in a row. Against the median, not the fastest (one lucky rank must not
-    # make all others slow), and 2x (DLRover's rule) rather than NVRx's 0.7: ranks sharing
-    # oversubscribed cores drift 1.5x apart for several steps without being stragglers, and
-    # one of them starved for two or three steps is not one either: the median over 5 steps
-    # must stay 2x off for 3 steps (a real one is named about 6 steps after it slows down)
-    # (the first `warmup` steps, with their allocations and first-call costs, are skipped)
-    "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10},
-    "hang": {},
-    # per layer over a window: mean normalised load entropy below `entropy`, or at least
-    # `dead_share` of the experts without a token for the whole window
-    # (the first `warmup` steps are the router's own balancing: a fresh ling2 router starts
-    # collapsed and the bias update evens it out over ~150 steps at the tiny preset's rate)
-    "expert_collapse": {"entropy": 0.6, "dead_share": 0.5, "window": 50, "warmup": 150},
-    # window means of memory rising by more than `min_growth` for `windows` windows in a row
-    "memory_growth": {"window": 20, "windows": 5, "min_growth": 0.01},
-    "crash": {},
-}
-
-
-def policy_thresholds(policy: FaultPolicy) -> dict[str, dict[str, float]]:
-    """DEFAULTS overlaid with the policy's thresholds; SpecError naming every bad field."""
-    errors: dict[str, str] = {}
-    merged = {kind: dict(params) for kind, params in DEFAULTS.items()}
-    for kind, params in policy.thresholds.items():
-        path = f"faults.policy.thresholds.{kind}"
-        if kind not in DEFAULTS:
-            errors[path] = f"unknown anomaly kind; valid: {', '.join(KINDS)}"
-            continue
-        for param, value in params.items():
-            if param not in DEFAULTS[kind]:
-                valid = ", ".join(DEFAULTS[kind]) or "none"
-                errors[f"{path}.{param}"] = f"unknown threshold; valid: {valid}"
-            elif not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                errors[f"{path}.{param}"] = "must be a finite number >= 0"
-            elif param == "alpha" and not 0 < value < 1:
-                errors[f"{path}.{param}"] = "must be between 0 and 1"
-            else:
-                merged[kind][param] = value
-    if errors:
-        raise SpecError(errors)
-    return merged
+from engine.anomaly.anomaly import Anomaly
+from engine.anomaly.policy import FaultPolicy, policy_thresholds
 
 
 class EwmaZ:

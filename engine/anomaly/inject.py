@@ -22,12 +22,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from engine.runtime.spec import FaultInjection
-
+FaultKind = Literal["loss_spike", "nan", "slow_rank", "hang", "crash"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 INJECTED_CRASH_EXIT_CODE = 86
+
+
+@dataclass
+class FaultInjection:
+    """One entry of the spec's `faults.inject`."""
+
+    kind: FaultKind
+    step: int
+    rank: int = 0
+    factor: float = 10.0  # loss multiplier for loss_spike, slow-down for slow_rank
 
 
 class FaultInjector:

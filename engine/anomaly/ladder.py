@@ -5,7 +5,7 @@
         events.emit("action", step, **d.event_fields())       # rank 0
     # carry out decisions[0].action (the strongest); the rest are recorded
 
-Each kind has a ladder of actions (DEFAULT_LADDERS, overridden per kind by
+Each kind has a ladder of actions (policy.DEFAULT_LADDERS, overridden per kind by
 `faults.policy.actions`). The first anomaly of a kind takes the first rung; another of the
 same kind within `reset_after` steps takes the next one; `reset_after` quiet steps start
 over. Caps (spec §7): at most `retries_per_step` retries of a step, `rollbacks_per_hour`
@@ -26,45 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.anomaly.anomaly import KINDS, Anomaly
-from engine.runtime.spec import FaultPolicy, SpecError
-
-# weakest to strongest: when several decisions share a step, the loop carries out the last
-ACTIONS = ("observe", "resume", "skip_update", "retry_step", "lr_cut", "checkpoint", "rollback",
-           "reshard", "restart", "pause", "cancel")
-LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
-
-DEFAULT_LADDERS: dict[str, list[str]] = {
-    "nan": ["skip_update", "rollback", "pause"],  # two in a row -> roll back (spec §6 A1)
-    "loss_spike": ["skip_update", "retry_step", "lr_cut", "rollback", "pause"],  # Ling §8
-    "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
-    "throughput_drop": ["observe"],
-    "straggler": ["observe", "restart", "pause"],
-    "hang": ["restart", "pause"],
-    "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
-    "memory_growth": ["observe", "checkpoint", "pause"],
-    "crash": ["restart", "pause"],
-}
-
-
-def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
-    errors: dict[str, str] = {}
-    ladders = {kind: list(actions) for kind, actions in DEFAULT_LADDERS.items()}
-    for kind, actions in policy.actions.items():
-        path = f"faults.policy.actions.{kind}"
-        if kind not in KINDS:
-            errors[path] = f"unknown anomaly kind; valid: {', '.join(KINDS)}"
-        elif not actions:
-            errors[path] = "must list at least one action"
-        else:
-            bad = {i: a for i, a in enumerate(actions) if a not in LADDER_ACTIONS}
-            for i, action in bad.items():
-                errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
-                                         f"{', '.join(LADDER_ACTIONS)}")
-            if not bad:
-                ladders[kind] = list(actions)
-    if errors:
-        raise SpecError(errors)
-    return ladders
+from engine.anomaly.policy import ACTIONS, FaultPolicy, policy_ladders
+from engine.anomaly.policy import LADDER_ACTIONS as LADDER_ACTIONS  # re-exported for the platform
 
 
 @dataclass

@@ -22,21 +22,9 @@ from typing import Any
 
 from engine.anomaly.agree import agree_anomalies
 from engine.anomaly.anomaly import Anomaly
-from engine.anomaly.detectors import Detectors, policy_thresholds
-from engine.anomaly.ladder import Decision, ResponseLadder, policy_ladders
-from engine.runtime.spec import FaultPolicy, SpecError
-
-
-def policy_errors(policy: FaultPolicy) -> dict[str, str]:
-    """Every problem in a `faults.policy` as {dotted.field: message}, for spec validation
-    (import it inside the validating function: engine.anomaly imports the spec module)."""
-    errors: dict[str, str] = {}
-    for check in (policy_thresholds, policy_ladders):
-        try:
-            check(policy)
-        except SpecError as e:
-            errors.update(e.errors)
-    return errors
+from engine.anomaly.detectors import Detectors
+from engine.anomaly.ladder import Decision, ResponseLadder
+from engine.anomaly.policy import FaultPolicy
 
 
 class FaultManager:

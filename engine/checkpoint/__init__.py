@@ -21,48 +21,13 @@ Loading into any layout and world size (every rank, collectively):
 Layout, listing, pinning and retention: see `layout`.
 """
 
-from engine.checkpoint.layout import (
-    CheckpointError,
-    CheckpointInfo,
-    CorruptCheckpoint,
-    find_latest_good,
-    inspect,
-    list_checkpoints,
-    pin,
-    remove,
-    unpin,
-)
-from engine.checkpoint.reader import (
-    CheckpointReader,
-    Restored,
-    Wants,
-    load,
-    load_into,
-    open_checkpoint,
-    read_extras,
-    restore,
-)
-from engine.checkpoint.writer import Checkpointer, ShardedState, default_memory_dir
+from engine.lazy import lazy_exports
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointInfo",
-    "CheckpointReader",
-    "Checkpointer",
-    "CorruptCheckpoint",
-    "Restored",
-    "ShardedState",
-    "Wants",
-    "default_memory_dir",
-    "find_latest_good",
-    "inspect",
-    "list_checkpoints",
-    "load",
-    "load_into",
-    "open_checkpoint",
-    "pin",
-    "read_extras",
-    "remove",
-    "restore",
-    "unpin",
-]
+__all__, __getattr__ = lazy_exports(__name__, {
+    # torch-free: the platform's supervisor finds checkpoints without loading torch
+    "layout": ("CheckpointError", "CheckpointInfo", "CorruptCheckpoint", "find_latest_good",
+               "inspect", "list_checkpoints", "pin", "remove", "unpin"),
+    "reader": ("CheckpointReader", "Restored", "Wants", "load", "load_into", "open_checkpoint",
+               "read_extras", "restore"),
+    "writer": ("Checkpointer", "ShardedState", "default_memory_dir"),
+})

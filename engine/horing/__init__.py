@@ -42,32 +42,10 @@ Cost model: `engine.horing.cost.predict(algo, op, nbytes, topo, links)` and
 `engine.horing.cost.calibrate(topo)`.
 """
 
-from engine.horing.collectives import (
-    ALGOS,
-    DEFAULT_CHUNK_BYTES,
-    LAYOUTS,
-    OPS,
-    Handle,
-    all_gather,
-    all_reduce,
-    reduce_scatter,
-    shard_block,
-    shard_range,
-    shard_size,
-)
-from engine.horing.topology import Topology
+from engine.lazy import lazy_exports
 
-__all__ = [
-    "ALGOS",
-    "DEFAULT_CHUNK_BYTES",
-    "LAYOUTS",
-    "OPS",
-    "Handle",
-    "Topology",
-    "all_gather",
-    "all_reduce",
-    "reduce_scatter",
-    "shard_block",
-    "shard_range",
-    "shard_size",
-]
+__all__, __getattr__ = lazy_exports(__name__, {
+    "collectives": ("ALGOS", "DEFAULT_CHUNK_BYTES", "LAYOUTS", "OPS", "Handle", "all_gather",
+                    "all_reduce", "reduce_scatter", "shard_block", "shard_range", "shard_size"),
+    "topology": ("Topology",),
+})

@@ -25,20 +25,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-
-from engine.horing.collectives import (
-    ALGOS,
-    DEFAULT_CHUNK_BYTES,
-    _chunk_count,
-    _pipeline_split,
-    _ring_all_gather,
-    _ring_reduce_scatter,
-    _split,
-)
+from engine.contract import COLLECTIVES as ALGOS  # here COLLECTIVES names the ops
 from engine.horing.topology import Topology
+
+if TYPE_CHECKING:
+    import torch
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -83,10 +76,11 @@ def predict(
     nbytes: int,
     topo: Topology,
     links: Links,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> float:
     """Predicted seconds for `op` (all_reduce | reduce_scatter | all_gather) of an `nbytes`
-    buffer (the full buffer, also for reduce-scatter and all-gather) with `algo`."""
+    buffer (the full buffer, also for reduce-scatter and all-gather) with `algo`, cut into
+    pieces of `chunk_bytes` (default: the collectives' DEFAULT_CHUNK_BYTES)."""
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {', '.join(ALGOS)}; got {algo!r}")
     if op not in COLLECTIVES:
@@ -99,7 +93,12 @@ def predict(
         # gloo's reduce-scatter reduces the whole buffer everywhere: an all-reduce's cost
         halves = 1 if op == "all_gather" or (algo == "ring" and op == "reduce_scatter") else 2
         return halves * (n - 1) * tier.step(nbytes / n)
-    count = _chunk_count(algo, nbytes, nbytes, chunk_bytes)
+    # the collectives' own chunking, so the model prices the pieces they send; imported here
+    # because that module needs torch, which the cost arithmetic (and the planner) does not
+    from engine.horing.collectives import DEFAULT_CHUNK_BYTES, _chunk_count, _pipeline_split
+
+    count = _chunk_count(algo, nbytes, nbytes,
+                         DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     pieces = [b - a for a, b in _pipeline_split(0, nbytes, count)]
     first = _stages(op, pieces[0], topo, links)
     if not first:
@@ -134,11 +133,15 @@ def calibrate(
     small_bytes: int = 4 << 10,
     large_bytes: int = 16 << 20,
     repeats: int = 5,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> Links:
     """Measure both tiers with ring all-reduce probes (reduce-scatter + all-gather, so the
-    reductions are priced in) on every node's intra group, then on every rail at once.
-    Collective: every rank calls it; all ranks get the same answer."""
+    reductions are priced in) on every node's intra group, then on every rail at once, in
+    `dtype` (default float32). Collective: every rank calls it; all ranks get the same
+    answer."""
+    import torch  # here: the rest of the cost model is arithmetic the platform runs
+
+    dtype = dtype or torch.float32
     intra = _probe(topo, "intra", small_bytes, large_bytes, repeats, dtype)
     inter = _probe(topo, "inter", small_bytes, large_bytes, repeats, dtype)
     return Links(intra=intra, inter=inter)
@@ -147,6 +150,11 @@ def calibrate(
 def _probe(
     topo: Topology, tier: str, small: int, large: int, repeats: int, dtype: torch.dtype
 ) -> Tier:
+    import torch
+    import torch.distributed as dist
+
+    from engine.horing.collectives import _ring_all_gather, _ring_reduce_scatter, _split
+
     me = dist.get_rank()
     if tier == "intra":
         ring, group = topo.node_ranks(topo.node_of(me)), topo.intra

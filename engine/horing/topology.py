@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed as dist
-
 
 @dataclass
 class Topology:
@@ -69,6 +67,8 @@ class Topology:
 
     def init_groups(self) -> Topology:
         """Create the intra-node and rail groups; every rank must call this, in the same order."""
+        import torch.distributed as dist  # here: the shape arithmetic runs without torch
+
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialised before init_groups()")
         # every rank gathers every rank's shape first, so a mismatch fails on all ranks alike

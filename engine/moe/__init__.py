@@ -26,9 +26,9 @@ MoE layers are ordered as the decoder's MoE layers, then the MTP layers'. MTP ru
 training mode (`model.train()`); `ce_loss` never includes it.
 """
 
-from engine.moe.config import PRESETS, MoEConfig, preset
-from engine.moe.model import ModelOutput, MoEModel, cast_parameters, param_count
+from engine.lazy import lazy_exports
 
-__all__ = [
-    "MoEConfig", "ModelOutput", "MoEModel", "PRESETS", "cast_parameters", "param_count", "preset",
-]
+__all__, __getattr__ = lazy_exports(__name__, {
+    "config": ("MoEConfig", "PRESETS", "preset"),
+    "model": ("ModelOutput", "MoEModel", "cast_parameters", "param_count"),
+})

@@ -30,17 +30,11 @@ engine.horing.cost.Links, measured by engine.horing.cost.calibrate); `python -m
 engine.paro.plan --help` prints it as a table.
 """
 
-from engine.paro.layout import ShardLayout
-from engine.paro.planner import PlanRow, plan
-from engine.paro.sharded import ShardedDataParallel
-from engine.paro.strategy import STRATEGY_NAMES, Strategy, parse_strategy
+from engine.lazy import lazy_exports
 
-__all__ = [
-    "STRATEGY_NAMES",
-    "PlanRow",
-    "ShardLayout",
-    "ShardedDataParallel",
-    "Strategy",
-    "parse_strategy",
-    "plan",
-]
+__all__, __getattr__ = lazy_exports(__name__, {
+    "layout": ("ShardLayout",),
+    "planner": ("PlanRow", "plan"),
+    "sharded": ("ShardedDataParallel",),
+    "strategy": ("STRATEGY_NAMES", "Strategy", "parse_strategy"),
+})

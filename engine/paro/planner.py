@@ -27,10 +27,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from engine.contract import COLLECTIVES, STRATEGIES
 from engine.horing.cost import Links, Tier, predict
 from engine.horing.topology import Topology
-from engine.moe import PRESETS, MoEConfig, param_count, preset
-from engine.paro.strategy import STRATEGY_NAMES, Level, Strategy, parse_strategy
+from engine.moe.config import PRESETS, MoEConfig, preset
+from engine.paro.strategy import Level, Strategy, parse_strategy
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def plan(
     first, then the rest by memory. `model_config` is an MoEConfig or a parameter count;
     `trainable` (Psi') defaults to all parameters; `compute_time_s` is one micro-batch's
     forward+backward; `links` the two tiers (engine.horing.cost.calibrate measures them)."""
-    psi = param_count(model_config) if isinstance(model_config, MoEConfig) else model_config
+    psi = _param_count(model_config)
     trainable = psi if trainable is None else trainable
     checks = {
         "model_config": psi >= 1,
@@ -122,7 +123,7 @@ def plan(
     # fp32 master weights + Adam's m and v; fp32 parameters are their own master weights
     optim_bytes = 12 if dtype_bytes == 2 else 8
     rows = []
-    for name in STRATEGY_NAMES:
+    for name in STRATEGIES:
         s = parse_strategy(name)
         share = {"N": 1.0, "I": 1.0 / g, "G": 1.0 / n}
         p_bytes = dtype_bytes * psi * share[s.params]
@@ -152,6 +153,15 @@ def plan(
             )
         )
     return sorted(rows, key=lambda r: (not r.fits, r.step_time_s if r.fits else r.memory_bytes))
+
+
+def _param_count(model_config: MoEConfig | int) -> int:
+    if not isinstance(model_config, MoEConfig):
+        return model_config
+    # counted on the meta device: torch is imported here, not with the planner
+    from engine.moe.model import param_count
+
+    return param_count(model_config)
 
 
 def _scope(level: Level) -> str:
@@ -231,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--inter-latency-us", type=float, default=20.0)
     ap.add_argument("--compute-s", type=float, default=0.0, help="fwd+bwd per micro-batch")
     ap.add_argument("--dtype-bytes", type=int, default=2, choices=(2, 4))
-    ap.add_argument("--collective", default="native", choices=("native", "ring", "hier", "horing"))
+    ap.add_argument("--collective", default="native", choices=COLLECTIVES)
     args = ap.parse_args(argv)
     model_config = preset(args.preset) if args.preset else int(args.params)
     links = Links(

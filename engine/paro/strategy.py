@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.contract import STRATEGIES
+
 Level = Literal["N", "I", "G"]
 
-# The ten effective strategies; the other 17 of the 27 combinations are rejected.
-STRATEGY_NAMES = ("NNN", "NNG", "NGG", "GGG", "NII", "NIG", "IIG", "IGG", "ING", "III")
+# The ten effective strategies (engine.contract.STRATEGIES); the other 17 of the 27
+# combinations are rejected. The old name stays for its callers outside the engine.
+STRATEGY_NAMES = STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Strategy:
 
 def parse_strategy(name: str) -> Strategy:
     """`Strategy` for a PaRO name such as "IIG"; a ValueError lists the valid names otherwise."""
-    if not isinstance(name, str) or name.upper() not in STRATEGY_NAMES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGY_NAMES)}; got {name!r}")
+    if not isinstance(name, str) or name.upper() not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {name!r}")
     p, g, os = name.upper()
     return Strategy(p, g, os)  # type: ignore[arg-type]

@@ -14,19 +14,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from engine.anomaly.inject import FAULT_KINDS as FAULT_KINDS  # re-exported for the platform
+from engine.anomaly.inject import FaultInjection
+from engine.anomaly.policy import FaultPolicy, policy_errors
+from engine.contract import COLLECTIVES, STRATEGIES
+from engine.errors import SpecError
 from engine.moe.config import PRESETS, MoEConfig
-
-STRATEGIES = ("NNN", "NNG", "NGG", "GGG", "NII", "NIG", "IIG", "IGG", "ING", "III")
-COLLECTIVES = ("native", "ring", "hier", "horing")
-FAULT_KINDS = ("loss_spike", "nan", "slow_rank", "hang", "crash")
-
-
-class SpecError(ValueError):
-    """A spec failed validation; `errors` maps each bad field's dotted path to a message."""
-
-    def __init__(self, errors: dict[str, str]):
-        self.errors = dict(sorted(errors.items()))
-        super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
 
 
 @dataclass
@@ -34,7 +27,7 @@ class ParallelSpec:
     nodes: int = 1
     procs_per_node: int = 1
     strategy: str = "NNN"
-    collective: Literal["native", "ring", "hier", "horing"] = "native"
+    collective: Literal[COLLECTIVES] = "native"  # the contract's names, checked by _convert
 
     @property
     def world_size(self) -> int:
@@ -77,22 +70,6 @@ class CheckpointSpec:
     keep: int = 3
     memory_every: int = 0
     dir: str = ""  # default: runs/<name>/checkpoints
-
-
-@dataclass
-class FaultPolicy:
-    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
-    actions: dict[str, list[str]] = field(default_factory=dict)
-    hang_timeout_s: float = 300.0
-    max_restarts: int = 3
-
-
-@dataclass
-class FaultInjection:
-    kind: Literal["loss_spike", "nan", "slow_rank", "hang", "crash"]
-    step: int
-    rank: int = 0
-    factor: float = 10.0  # loss multiplier for loss_spike, slow-down for slow_rank
 
 
 @dataclass
@@ -201,7 +178,6 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         ("train.threads", t.threads), ("train.seed", t.seed),
         ("train.trace_every", t.trace_every),
         ("checkpoint.every", c.every), ("checkpoint.memory_every", c.memory_every),
-        ("faults.policy.max_restarts", spec.faults.policy.max_restarts),
     ]:
         if value < 0:
             errors[path] = "must be at least 0"
@@ -222,10 +198,6 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"
     if not 0 < d.holdout < 0.5:
         errors["train.dataset.holdout"] = "must be between 0 and 0.5"
-    if spec.faults.policy.hang_timeout_s <= 0:
-        errors["faults.policy.hang_timeout_s"] = "must be positive"
-    from engine.anomaly import policy_errors  # here: engine.anomaly imports this module
-
     errors.update(policy_errors(spec.faults.policy))
     for i, inj in enumerate(spec.faults.inject):
         if not 1 <= inj.step <= t.steps:

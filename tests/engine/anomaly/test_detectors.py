@@ -8,7 +8,8 @@ import random
 import pytest
 
 from engine.anomaly import Detectors, EwmaZ
-from engine.runtime.spec import FaultPolicy, SpecError
+from engine.anomaly.policy import FaultPolicy
+from engine.errors import SpecError
 
 
 def healthy_run(seed: int, steps: int = 300):

@@ -10,7 +10,7 @@ import time
 import torch
 
 from engine.anomaly import INJECTED_CRASH_EXIT_CODE, FaultInjector
-from engine.runtime.spec import FaultInjection
+from engine.anomaly.inject import FaultInjection
 
 
 def test_loss_spike_and_nan_hit_their_rank_and_step_once():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.anomaly import Anomaly, ResponseLadder
-from engine.runtime.spec import FaultPolicy, SpecError
+from engine.anomaly.policy import FaultPolicy
+from engine.errors import SpecError
 
 HOUR = 3600.0
 

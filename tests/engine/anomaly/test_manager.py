@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from engine.anomaly import Anomaly, FaultManager, policy_errors
-from engine.runtime.spec import FaultPolicy
+from engine.anomaly import Anomaly, FaultManager
+from engine.anomaly.policy import FaultPolicy
 
 
 def test_quiet_steps_decide_nothing():
@@ -56,10 +56,3 @@ def test_rollback_restores_detectors_but_keeps_the_live_ladder():
     fresh = FaultManager()
     fresh.load_state_dict(saved)
     assert fresh.step(3, loss=float("nan"))[1][0].action == "skip_update"
-
-
-def test_policy_errors_collects_threshold_and_action_problems_by_field():
-    policy = FaultPolicy(thresholds={"loss_spike": {"zz": 3}}, actions={"nan": ["explode"]})
-    assert set(policy_errors(policy)) == {"faults.policy.thresholds.loss_spike.zz",
-                                          "faults.policy.actions.nan.0"}
-    assert policy_errors(FaultPolicy()) == {}

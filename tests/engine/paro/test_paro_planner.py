@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from engine.contract import STRATEGIES
 from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe import param_count, preset
-from engine.paro import STRATEGY_NAMES
 from engine.paro.planner import main, plan
 
 PSI_7B, PSI_65B = 6.74e9, 65.2e9
@@ -96,7 +96,7 @@ def test_parameter_efficient_training_picks_ing():
 
 def test_rows_fit_first_fastest_first_and_the_rest_by_memory():
     rows = plan(int(PSI_7B), Topology(4, 8), 20 * GB, 4, LINKS)
-    assert sorted(r.strategy for r in rows) == sorted(STRATEGY_NAMES)
+    assert sorted(r.strategy for r in rows) == sorted(STRATEGIES)
     fitting = [r for r in rows if r.fits]
     rest = rows[len(fitting) :]
     assert all(r.memory_bytes <= 20 * GB for r in fitting)
@@ -156,4 +156,4 @@ def test_the_command_prints_every_strategy(capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[2].split()[:3] == ["1", "NIG", "yes"]
-    assert all(name in out for name in STRATEGY_NAMES)
+    assert all(name in out for name in STRATEGIES)

@@ -1,0 +1,138 @@
+"""The fault policy (`faults.policy` of the job spec) and its one validator.
+
+Thresholds override DEFAULTS per anomaly kind and parameter; `actions` replaces a kind's
+ladder in DEFAULT_LADDERS (see detectors.py and ladder.py for what they mean). Errors name
+the spec field, `faults.policy.<field>`, since the spec's validation reports them as its own.
+Torch-free: the platform validates specs in its web processes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.anomaly.anomaly import KINDS
+from engine.errors import SpecError
+
+DEFAULTS: dict[str, dict[str, float]] = {
+    "nan": {},
+    # EwmaZ(alpha, warmup, z) plus a relative floor; > max_factor x the max seen after
+    # max_after steps is catastrophic whatever the variance (Megatron's rule)
+    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 3.0, "min_rise": 0.25,
+                   "max_factor": 10.0, "max_after": 100, "wide": 3},
+    # the gradient norm swings widely early in training (a clean tiny run reaches 8x its
+    # running mean near step 30), so it is judged only after 100 steps and more strictly;
+    # an early injected spike is caught by the loss detector in the same step
+    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 2.0,
+                   "max_factor": 10.0, "max_after": 100, "wide": 3},
+    # windowed median throughput against the best windowed median (NVRx: best/current < 0.7)
+    "throughput_drop": {"ratio": 0.7, "window": 10, "warmup": 5},
+    # per-rank compute time over a window: median of the other ranks / rank < score, for
+    # `patience` steps in a row. Against the median, not the fastest (one lucky rank must not
+    # make all others slow), and 2x (DLRover's rule) rather than NVRx's 0.7: ranks sharing
+    # oversubscribed cores drift 1.5x apart for several steps without being stragglers, and
+    # one of them starved for two or three steps is not one either: the median over 5 steps
+    # must stay 2x off for 3 steps (a real one is named about 6 steps after it slows down)
+    # (the first `warmup` steps, with their allocations and first-call costs, are skipped)
+    "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10},
+    "hang": {},
+    # per layer over a window: mean normalised load entropy below `entropy`, or at least
+    # `dead_share` of the experts without a token for the whole window
+    # (the first `warmup` steps are the router's own balancing: a fresh ling2 router starts
+    # collapsed and the bias update evens it out over ~150 steps at the tiny preset's rate)
+    "expert_collapse": {"entropy": 0.6, "dead_share": 0.5, "window": 50, "warmup": 150},
+    # window means of memory rising by more than `min_growth` for `windows` windows in a row
+    "memory_growth": {"window": 20, "windows": 5, "min_growth": 0.01},
+    "crash": {},
+}
+
+# weakest to strongest: when several decisions share a step, the loop carries out the last
+ACTIONS = ("observe", "resume", "skip_update", "retry_step", "lr_cut", "checkpoint", "rollback",
+           "reshard", "restart", "pause", "cancel")
+LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
+
+DEFAULT_LADDERS: dict[str, list[str]] = {
+    "nan": ["skip_update", "rollback", "pause"],  # two in a row -> roll back (spec §6 A1)
+    "loss_spike": ["skip_update", "retry_step", "lr_cut", "rollback", "pause"],  # Ling §8
+    "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
+    "throughput_drop": ["observe"],
+    "straggler": ["observe", "restart", "pause"],
+    "hang": ["restart", "pause"],
+    "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
+    "memory_growth": ["observe", "checkpoint", "pause"],
+    "crash": ["restart", "pause"],
+}
+
+_PATH = "faults.policy"
+
+
+@dataclass
+class FaultPolicy:
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    actions: dict[str, list[str]] = field(default_factory=dict)
+    hang_timeout_s: float = 300.0
+    max_restarts: int = 3
+
+
+def policy_errors(policy: FaultPolicy) -> dict[str, str]:
+    """Every problem in `policy` as {dotted spec field: message}; empty when it is valid."""
+    errors = {**_threshold_errors(policy.thresholds), **_action_errors(policy.actions)}
+    if policy.hang_timeout_s <= 0:
+        errors[f"{_PATH}.hang_timeout_s"] = "must be positive"
+    if policy.max_restarts < 0:
+        errors[f"{_PATH}.max_restarts"] = "must be at least 0"
+    return errors
+
+
+def policy_thresholds(policy: FaultPolicy) -> dict[str, dict[str, float]]:
+    """DEFAULTS overlaid with the policy's thresholds; SpecError naming every bad field."""
+    _check(policy)
+    return {kind: {**params, **policy.thresholds.get(kind, {})}
+            for kind, params in DEFAULTS.items()}
+
+
+def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
+    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field."""
+    _check(policy)
+    return {kind: list(policy.actions.get(kind, ladder))
+            for kind, ladder in DEFAULT_LADDERS.items()}
+
+
+def _check(policy: FaultPolicy) -> None:
+    errors = policy_errors(policy)
+    if errors:
+        raise SpecError(errors)
+
+
+def _threshold_errors(thresholds: dict[str, dict[str, float]]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for kind, params in thresholds.items():
+        path = f"{_PATH}.thresholds.{kind}"
+        if kind not in DEFAULTS:
+            errors[path] = f"unknown anomaly kind; valid: {', '.join(KINDS)}"
+            continue
+        for param, value in params.items():
+            if param not in DEFAULTS[kind]:
+                valid = ", ".join(DEFAULTS[kind]) or "none"
+                errors[f"{path}.{param}"] = f"unknown threshold; valid: {valid}"
+            elif not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                errors[f"{path}.{param}"] = "must be a finite number >= 0"
+            elif param == "alpha" and not 0 < value < 1:
+                errors[f"{path}.{param}"] = "must be between 0 and 1"
+    return errors
+
+
+def _action_errors(actions: dict[str, list[str]]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for kind, ladder in actions.items():
+        path = f"{_PATH}.actions.{kind}"
+        if kind not in KINDS:
+            errors[path] = f"unknown anomaly kind; valid: {', '.join(KINDS)}"
+        elif not ladder:
+            errors[path] = "must list at least one action"
+        else:
+            for i, action in enumerate(ladder):
+                if action not in LADDER_ACTIONS:
+                    errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
+                                             f"{', '.join(LADDER_ACTIONS)}")
+    return errors
