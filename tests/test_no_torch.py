@@ -1,5 +1,6 @@
 """Web, Celery and `migrate` processes never import torch: a fresh interpreter set up as the
-platform's processes are imports every module they load at start and still has no torch.
+platform's processes are imports every module they load at start, validates a spec and plans
+its layouts as the launch form does, and still has no torch.
 
 On failure the message names the chain of modules through which torch was first imported.
 """
@@ -7,10 +8,11 @@ On failure the message names the chain of modules through which torch was first 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from ringside.services import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,19 +34,20 @@ sys.meta_path.insert(0, FirstTorchImport())
 import django
 django.setup()
 import ringside.asgi, ringside.urls, ringside.celery, jobs.api, jobs.tasks, monitor.api
+# what the launch form asks of a web process: validate a spec, plan its layouts
+from engine.horing.topology import Topology
+from engine.moe.config import preset
+from engine.paro.planner import plan
+from engine.runtime.spec import parse_spec
+parse_spec({"name": "n", "model": {"preset": "small"}, "parallel": {"nodes": 2,
+            "procs_per_node": 2, "strategy": "IIG"}})
+assert plan(preset("small"), Topology(2, 2), 80e9, 1, jobs.api.PLAN_LINKS)
 print(json.dumps({"torch": "torch" in sys.modules, "chain": FirstTorchImport.chain}))
 """
 
 
-def platform_env() -> dict[str, str]:
-    """As ringside.services.child_env builds it for the platform's processes."""
-    paths = [str(ROOT / "platform"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-            "DJANGO_SETTINGS_MODULE": "ringside.settings"}
-
-
-def test_the_platforms_processes_start_without_importing_torch():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=platform_env(), cwd=ROOT,
+def test_the_platforms_processes_start_validate_and_plan_without_importing_torch():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=child_env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])

@@ -23,7 +23,6 @@ thread, so async handles behave like a CUDA stream: later calls queue behind ear
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import weakref
@@ -34,21 +33,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from engine.contract import COLLECTIVES as ALGOS
+from engine.horing.chunks import (
+    DEFAULT_CHUNK_BYTES,
+    Piece,
+    Range,
+    chunk_count,
+    pipeline_split,
+    split,
+)
 from engine.horing.topology import Topology
 
-ALGOS = ("native", "ring", "hier", "horing")
 OPS = ("sum", "avg")
 LAYOUTS = ("rank", "nested")
-# HO-Ring pipeline pieces of 12 MiB: every piece costs each stage a few cross-process
-# hand-offs and a wait on its ring partners, which on a CPU host shared by many ranks take
-# milliseconds, so larger pieces pay less of that; the first and last chunks are cut into
-# quarters, so the unoverlapped first intra reduce-scatter and last intra all-gather stay
-# short (measured on the emulated 2x2 cluster, 32 MB all-reduce, 13 interleaved rounds:
-# 4 MiB 0.173 s, 8 MiB 0.171 s, 12 MiB 0.165 s)
-DEFAULT_CHUNK_BYTES = 12 << 20
 
-Range = tuple[int, int]  # [start, stop) in the flat buffer
-Piece = list[Range]  # what one ring position owns: one or more ranges
 
 
 class Handle:
@@ -486,27 +484,7 @@ def _run(stages: list[_Stage], chunks: list[list[Range]], pipelined: bool) -> No
         raise errors[0]
 
 
-def _split(start: int, stop: int, parts: int) -> list[Range]:
-    """`parts` near-equal consecutive ranges covering [start, stop)."""
-    size, extra = divmod(stop - start, parts)
-    bounds = [start + i * size + min(i, extra) for i in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
-
-def _pipeline_split(start: int, stop: int, count: int) -> list[Range]:
-    """`count` near-equal pieces of [start, stop), the first and the last cut again into
-    quarters: the pipeline fills and drains on a quarter piece, so the intra reduce-scatter
-    before the first transfer and the intra all-gather after the last one stay short."""
-    pieces = _split(start, stop, count)
-    if count < 3:
-        return pieces
-    return _split(*pieces[0], 4) + pieces[1:-1] + _split(*pieces[-1], 4)
-
-
-def _chunk_count(algo: str, nbytes: int, smallest_piece: int, chunk_bytes: int) -> int:
-    if algo != "horing":
-        return 1
-    return max(1, min(math.ceil(nbytes / chunk_bytes), smallest_piece))
 
 
 # --------------------------------------------------------------------- collectives
@@ -527,10 +505,10 @@ def _all_reduce(flat: torch.Tensor, topo: Topology, algo: str, op: str, chunk_by
     # for an all-reduce any block ownership will do; the nested one makes every intra
     # piece one contiguous range
     block_of = [shard_block(topo, r, "nested") for r in range(world)]
-    count = _chunk_count(
+    count = chunk_count(
         algo, flat.numel() * flat.element_size(), flat.numel() // world, chunk_bytes
     )
-    chunks = [_split(a, b, world) for a, b in _pipeline_split(0, flat.numel(), count)]
+    chunks = [split(a, b, world) for a, b in pipeline_split(0, flat.numel(), count)]
     if algo == "ring":
         _flat_ring(flat, topo, chunks[0], block_of, ("rs", "ag"), scale, space)
         return
@@ -562,7 +540,7 @@ def _flat_ring(
 
 def _block_chunks(shard: int, world: int, count: int) -> list[list[Range]]:
     """Chunk i of a buffer of `world` blocks of `shard` elements: sub-range i of every block."""
-    subs = _pipeline_split(0, shard, count)
+    subs = pipeline_split(0, shard, count)
     return [[(b * shard + a, b * shard + z) for b in range(world)] for a, z in subs]
 
 
@@ -596,7 +574,7 @@ def _reduce_scatter(
         work[: input.numel()].copy_(input)
         work[input.numel() :].zero_()
     scale = world if op == "avg" else None
-    count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
+    count = chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
     chunks = _block_chunks(shard, world, count)
     if algo == "ring":
         _flat_ring(work, topo, chunks[0], block_of, ("rs",), scale, space, src)
@@ -629,7 +607,7 @@ def _all_gather(
         return
     mine = block_of[me] * shard
     work[mine : mine + shard].copy_(input)
-    count = _chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
+    count = chunk_count(algo, work.numel() * work.element_size(), shard, chunk_bytes)
     chunks = _block_chunks(shard, world, count)
     if algo == "ring":
         _flat_ring(work, topo, chunks[0], block_of, ("ag",), None, space)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.contract import COLLECTIVES as ALGOS  # here COLLECTIVES names the ops
+from engine.horing.chunks import DEFAULT_CHUNK_BYTES, chunk_count, pipeline_split, split
 from engine.horing.topology import Topology
 
 if TYPE_CHECKING:
@@ -76,11 +77,11 @@ def predict(
     nbytes: int,
     topo: Topology,
     links: Links,
-    chunk_bytes: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> float:
     """Predicted seconds for `op` (all_reduce | reduce_scatter | all_gather) of an `nbytes`
     buffer (the full buffer, also for reduce-scatter and all-gather) with `algo`, cut into
-    pieces of `chunk_bytes` (default: the collectives' DEFAULT_CHUNK_BYTES)."""
+    pieces of `chunk_bytes`, as the collectives cut it."""
     if algo not in ALGOS:
         raise ValueError(f"algo must be one of {', '.join(ALGOS)}; got {algo!r}")
     if op not in COLLECTIVES:
@@ -93,13 +94,9 @@ def predict(
         # gloo's reduce-scatter reduces the whole buffer everywhere: an all-reduce's cost
         halves = 1 if op == "all_gather" or (algo == "ring" and op == "reduce_scatter") else 2
         return halves * (n - 1) * tier.step(nbytes / n)
-    # the collectives' own chunking, so the model prices the pieces they send; imported here
-    # because that module needs torch, which the cost arithmetic (and the planner) does not
-    from engine.horing.collectives import DEFAULT_CHUNK_BYTES, _chunk_count, _pipeline_split
-
-    count = _chunk_count(algo, nbytes, nbytes,
-                         DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
-    pieces = [b - a for a, b in _pipeline_split(0, nbytes, count)]
+    # the collectives' own chunking, so the model prices the pieces they send
+    count = chunk_count(algo, nbytes, nbytes, chunk_bytes)
+    pieces = [b - a for a, b in pipeline_split(0, nbytes, count)]
     first = _stages(op, pieces[0], topo, links)
     if not first:
         return 0.0
@@ -153,7 +150,7 @@ def _probe(
     import torch
     import torch.distributed as dist
 
-    from engine.horing.collectives import _ring_all_gather, _ring_reduce_scatter, _split
+    from engine.horing.collectives import _ring_all_gather, _ring_reduce_scatter
 
     me = dist.get_rank()
     if tier == "intra":
@@ -167,7 +164,7 @@ def _probe(
     step_times = []
     for nbytes in (small, large):
         flat = torch.zeros(max(size, nbytes // itemsize), dtype=dtype)
-        pieces = [[r] for r in _split(0, flat.numel(), size)]
+        pieces = [[r] for r in split(0, flat.numel(), size)]
         # one receive buffer for every round, as the collectives keep theirs: a fresh one
         # costs a page fault per 4 KiB on first touch, which halved the intra bandwidth
         # measured on the emulated cluster (325 MB/s probed, 615 MB/s in hier's intra phases)

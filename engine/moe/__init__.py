@@ -19,7 +19,7 @@ The training loop's interface:
     model.reset_routing_counts()
     model.set_step(step)                          # Stochastic Routing Warmup (ling1)
 
-    param_count(config, active=False)             # on the meta device; no memory needed
+    param_count(config, active=False)             # from the config alone (no torch)
     cast_parameters(model.cuda(), torch.bfloat16) # bf16 weights, fp32 routing state (GPU)
 
 MoE layers are ordered as the decoder's MoE layers, then the MTP layers'. MTP runs only in
@@ -29,6 +29,6 @@ training mode (`model.train()`); `ce_loss` never includes it.
 from engine.lazy import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "config": ("MoEConfig", "PRESETS", "preset"),
-    "model": ("ModelOutput", "MoEModel", "cast_parameters", "param_count"),
+    "config": ("MoEConfig", "PRESETS", "param_count", "preset"),
+    "model": ("ModelOutput", "MoEModel", "cast_parameters"),
 })

@@ -153,6 +153,30 @@ PRESETS: dict[str, MoEConfig] = {
 }
 
 
+def param_count(config: MoEConfig, active: bool = False) -> int:
+    """Parameters of `MoEModel(config)`, counted from the config alone (no torch: the platform's
+    planner runs this in web processes). `active`: counting only `num_experts_per_tok` routed
+    experts per MoE layer (what one token uses), as the published "activated parameters" do."""
+    c = config
+    hidden, vocab = c.hidden_size, c.vocab_size
+    heads = c.num_attention_heads + 2 * c.num_key_value_heads
+    attention = (hidden * heads * c.head_dim + c.num_attention_heads * c.head_dim * hidden
+                 + c.use_qkv_bias * heads * c.head_dim + c.use_bias * hidden
+                 + c.use_qk_norm * 2 * c.head_dim)
+    expert = 3 * hidden * c.moe_intermediate_size  # gate, up and down projections
+    experts = c.num_experts_per_tok if active else c.num_experts
+    moe = c.num_experts * hidden + experts * expert + c.num_shared_experts * expert
+    dense = 3 * hidden * c.intermediate_size
+
+    def block(is_moe: bool) -> int:  # two norms, attention, the feed-forward
+        return 2 * hidden + attention + (moe if is_moe else dense)
+
+    layers = sum(block(i >= c.first_k_dense_replace) for i in range(c.num_hidden_layers))
+    mtp = 2 * hidden + 2 * hidden * hidden + block(True) + hidden
+    head = 0 if c.tie_word_embeddings else vocab * hidden
+    return vocab * hidden + layers + hidden + head + c.num_nextn_predict_layers * mtp
+
+
 def preset(name: str) -> MoEConfig:
     """A fresh copy of the named preset (KeyError lists the valid names)."""
     if name not in PRESETS:

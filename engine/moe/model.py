@@ -429,20 +429,3 @@ def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     for parameter in module.parameters():
         parameter.data = parameter.data.to(dtype)
     return module
-
-
-def param_count(config: MoEConfig, active: bool = False) -> int:
-    """Parameters of `MoEModel(config)`, built on the meta device (nothing allocated).
-
-    `active`: counting only `num_experts_per_tok` routed experts per MoE layer (what one token
-    uses), as the published "activated parameters" do.
-    """
-    with torch.device("meta"):
-        model = MoEModel(config)
-    total = sum(p.numel() for p in model.parameters())
-    if not active:
-        return total
-    idle = config.num_experts - config.num_experts_per_tok
-    return total - sum(
-        idle * (m.experts.gate_up[0].numel() + m.experts.down[0].numel()) for m in model.moe_layers
-    )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.horing.cost import Links, Tier, predict
 from engine.horing.topology import Topology
-from engine.moe.config import PRESETS, MoEConfig, preset
+from engine.moe.config import PRESETS, MoEConfig, param_count, preset
 from engine.paro.strategy import Level, Strategy, parse_strategy
 
 
@@ -156,12 +156,7 @@ def plan(
 
 
 def _param_count(model_config: MoEConfig | int) -> int:
-    if not isinstance(model_config, MoEConfig):
-        return model_config
-    # counted on the meta device: torch is imported here, not with the planner
-    from engine.moe.model import param_count
-
-    return param_count(model_config)
+    return param_count(model_config) if isinstance(model_config, MoEConfig) else model_config
 
 
 def _scope(level: Level) -> str:

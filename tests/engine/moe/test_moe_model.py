@@ -28,6 +28,23 @@ def test_parameter_counts_match_the_published_totals(name, total_b, active_b):
     assert param_count(config, active=True) / 1e9 == pytest.approx(active_b, abs=0.005)
 
 
+@pytest.mark.parametrize("name", ["nano", "tiny", "small", "ling-lite", "ling-mini-2.0"])
+@pytest.mark.parametrize("changes", [
+    {}, {"tie_word_embeddings": True, "use_qkv_bias": True, "use_bias": True},
+    {"use_qk_norm": False, "num_shared_experts": 2, "first_k_dense_replace": 0},
+    {"num_nextn_predict_layers": 2},
+])
+def test_the_count_from_the_config_is_the_models_own(name, changes):
+    config = preset(name).replace(**changes)
+    with torch.device("meta"):
+        model = MoEModel(config)
+    assert param_count(config) == sum(p.numel() for p in model.parameters())
+    idle = config.num_experts - config.num_experts_per_tok
+    routed = sum(m.experts.gate_up[0].numel() + m.experts.down[0].numel()
+                 for m in model.moe_layers)
+    assert param_count(config, active=True) == param_count(config) - idle * routed
+
+
 def test_ling_mini_active_non_embedding_parameters_are_789m():
     config = preset("ling-mini-2.0")
     embedding_and_head = 2 * config.vocab_size * config.hidden_size
