@@ -36,9 +36,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-s
 if str(REPO_ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "platform"))
 
+from engine.ports import free_port  # noqa: E402
 from ringside.services import (  # noqa: E402 (the platform's packages are on the path now)
     child_env,
-    free_port,
     redis_server_command,
     stop_process_group,
     wait_for_port,

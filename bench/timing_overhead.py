@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from engine.ports import free_port
 from engine.runtime.spec import parse_spec
 from engine.runtime.train import Trainer
 from engine.xputimer import OpTimer, time_modules, write_trace
@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(rank_main, args=(args, port, out_dir), nprocs=args.ranks)

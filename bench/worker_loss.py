@@ -36,9 +36,9 @@ from typing import Any
 import psutil
 
 from bench.platform_env import REPO_ROOT  # also puts the platform's packages on the path
+from engine.ports import free_port
 from ringside.services import (
     child_env,
-    free_port,
     python_module,
     redis_server_command,
     wait_for_port,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ringside.services import free_port
+from engine.ports import free_port
 from tests.platform.services import (  # noqa: F401 (fixtures, registered here only)
     _platform_settings,
     api,

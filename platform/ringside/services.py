@@ -1,4 +1,4 @@
-"""Local service processes: free ports, readiness waits, the embedded Redis server.
+"""Local service processes: readiness waits, the embedded Redis server.
 
 Shared by `manage.py serve` and the platform's test fixtures, which start the same processes.
 """
@@ -15,12 +15,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(**overrides: str) -> dict[str, str]:

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
+from engine.ports import free_port
 from ringside.services import (
     child_env,
-    free_port,
     python_module,
     stop_process_group,
     wait_for_port,

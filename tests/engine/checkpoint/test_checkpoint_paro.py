@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 from engine.checkpoint import Checkpointer, restore
 from engine.horing.topology import Topology
 from engine.paro import ShardedDataParallel
+from tests.engine.ranks import run_ranks
 
 VOCAB, SEQ, MICRO_BATCH = 29, 6, 2
 
@@ -47,10 +47,8 @@ def gathered(dp: ShardedDataParallel) -> dict[str, torch.Tensor]:
     return full
 
 
-def worker(rank: int, world: int, nodes: int, strategy: str, tmp: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv-{world}", rank=rank,
-                            world_size=world)
+def worker(nodes: int, strategy: str, tmp: str) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
     topo = Topology(nodes, world // nodes).init_groups()
     torch.manual_seed(world)  # the restoring world starts from other weights
     dp = ShardedDataParallel(SmallLM(), topo, strategy, lr=1e-2)
@@ -78,9 +76,8 @@ def worker(rank: int, world: int, nodes: int, strategy: str, tmp: str) -> None:
         with dp.full_parameters() as model:
             params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         assert torch.equal(params, expected["params"])
-    dist.destroy_process_group()
 
 
 def test_iig_on_2x2_restores_into_ggg_on_1x2(tmp_path):
-    mp.spawn(worker, args=(4, 2, "IIG", str(tmp_path)), nprocs=4)
-    mp.spawn(worker, args=(2, 1, "GGG", str(tmp_path)), nprocs=2)
+    run_ranks(worker, 2, "IIG", str(tmp_path), nodes=2, procs_per_node=2, timeout_s=60)
+    run_ranks(worker, 1, "GGG", str(tmp_path), nodes=1, procs_per_node=2, timeout_s=60)

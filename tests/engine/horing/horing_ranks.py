@@ -1,5 +1,5 @@
-"""Runs the collective checks on real gloo ranks: spawned once per world size, every case of
-every topology of that size runs inside, and each rank reports what it saw per case.
+"""The collective checks that run on real gloo ranks: `world_report` runs every case of every
+topology of the process group's size, and each rank reports what it saw per case.
 
 A case passes when every rank's result equals what torch.distributed computes: exactly for
 integers, within float tolerance for fp32 and bf16.
@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
-import os
 import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.horing import (
     ALGOS,
@@ -196,7 +192,9 @@ def _calibration(topo: Topology) -> dict:
     }
 
 
-def _world_report(world: int) -> dict:
+def world_report() -> dict:
+    """This rank's outcome (None or what went wrong) of every case, per topology."""
+    world = dist.get_world_size()
     report: dict = {"cases": {}, "async": {}, "calibration": {}}
     for nodes, procs in SHAPES[world]:
         shape = f"{nodes}x{procs}"
@@ -212,26 +210,3 @@ def _world_report(world: int) -> dict:
     report["errors"] = _error_cases(world)
     return report
 
-
-def _rank_main(rank: int, ports: dict[int, int], out_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    for world, port in sorted(ports.items()):
-        if rank >= world:
-            continue
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        Path(out_dir, f"w{world}-rank{rank}.json").write_text(json.dumps(_world_report(world)))
-        dist.destroy_process_group()
-
-
-def run_ranks(ports: dict[int, int], out_dir: Path) -> dict[int, list[dict]]:
-    """Spawn gloo ranks on this host once (starting a process is the slow part), run every
-    check for each world size in turn on its first W ranks, using `ports[W]` for that world's
-    rendezvous; return each world's per-rank reports."""
-    largest = max(ports)
-    mp.start_processes(_rank_main, args=(ports, str(out_dir)), nprocs=largest, start_method="spawn")
-    return {
-        world: [json.loads((out_dir / f"w{world}-rank{r}.json").read_text()) for r in range(world)]
-        for world in ports
-    }

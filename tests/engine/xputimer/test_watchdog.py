@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import threading
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.anomaly import Anomaly, FaultInjector
 from engine.runtime.spec import FaultInjection
 from engine.xputimer import HangWatchdog, OpTimer
+from tests.engine.ranks import run_ranks
 
 
 def wait_for(fired: list, seconds: float = 5.0) -> None:
@@ -130,11 +129,9 @@ def test_timeout_must_be_positive(tmp_path):
 HANG_RANK, HANG_STEP, WORLD = 1, 3, 3
 
 
-def hang_rank_main(rank: int, port: int, out: str) -> None:
+def hang_rank_main(out: str) -> None:
     """Rank 1 hangs inside its forward at step 3; the others block in the all-reduce."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)
+    rank = dist.get_rank()
     timer = OpTimer(rank)
     injector = FaultInjector([FaultInjection("hang", step=HANG_STEP, rank=HANG_RANK)], rank)
 
@@ -166,13 +163,7 @@ def hang_rank_main(rank: int, port: int, out: str) -> None:
 
 
 def test_a_hung_rank_and_the_ranks_waiting_for_it_are_each_named(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    started = time.monotonic()
-    mp.start_processes(hang_rank_main, args=(port, str(tmp_path)), nprocs=WORLD,
-                       start_method="fork")
-    assert time.monotonic() - started < 60
+    run_ranks(hang_rank_main, str(tmp_path), procs_per_node=WORLD, timeout_s=60)
     reports = {r: json.loads((tmp_path / f"hang-{r}.json").read_text()) for r in range(WORLD)}
     assert reports[HANG_RANK]["op"] == "forward"
     for rank in set(range(WORLD)) - {HANG_RANK}:

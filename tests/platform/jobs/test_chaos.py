@@ -25,12 +25,13 @@ from bench.worker_loss import (
     trained_past_a_checkpoint,
 )
 from engine.checkpoint import find_latest_good
+from engine.ports import free_port
 from engine.runtime.events import read_events
 from jobs.models import Cause, Job, State
 from jobs.tasks import checkpoint_folder, run_dir, run_job
 from monitor.models import Event, MetricPoint
 from ringside.celery import app
-from ringside.services import REPO_ROOT, free_port
+from ringside.services import REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

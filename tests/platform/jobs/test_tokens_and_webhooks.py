@@ -12,9 +12,9 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from engine.ports import free_port
 from jobs.models import ApiToken, AuditEntry, Job, Webhook
 from jobs.tasks import Supervisor
-from ringside.services import free_port
 
 pytestmark = pytest.mark.django_db
 

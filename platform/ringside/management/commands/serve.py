@@ -21,10 +21,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from engine.ports import free_port
 from ringside.services import (
     add_web_address_arguments,
     child_env,
-    free_port,
     port_in_use,
     python_module,
     redis_server_command,

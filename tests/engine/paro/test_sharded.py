@@ -8,19 +8,18 @@ formulas of spec section 4 and against the communication table of spec section 5
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 from engine.horing.topology import Topology
 from engine.paro import STRATEGY_NAMES, ShardedDataParallel, parse_strategy
+from engine.ports import free_port
+from tests.engine.ranks import run_ranks
 
 STEPS, MICRO_BATCH, SEQ, VOCAB = 5, 2, 8, 37
 LR, CLIP = 1e-3, 0.4
@@ -85,11 +84,9 @@ def reference(world: int, accum: int) -> dict:
     return {"losses": losses, "norms": norms, "params": [p.detach() for p in model.parameters()]}
 
 
-def train_every_strategy(rank: int, world: int, nodes: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+def train_every_strategy(nodes: int) -> dict:
+    """What this rank saw, per (strategy, grad_accum) and per (strategy, collective)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     topo = Topology(nodes, world // nodes).init_groups()
     mine = slice(rank * MICRO_BATCH, (rank + 1) * MICRO_BATCH)
     records = {}
@@ -144,8 +141,7 @@ def train_every_strategy(rank: int, world: int, nodes: int, port: int, out_dir: 
             with dp.full_parameters() as model:
                 params = [p.detach().clone() for p in model.parameters()]
             records[name, collective] = {"params": params, "comm": comm}
-    torch.save(records, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return records
 
 
 def assemble(pieces: list[dict]) -> dict[str, torch.Tensor]:
@@ -162,20 +158,12 @@ def assemble(pieces: list[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w[0]}x{w[1]}")
-def world(request, tmp_path_factory) -> dict:
+def world(request) -> dict:
     nodes, per_node = request.param
-    size = nodes * per_node
-    out_dir = tmp_path_factory.mktemp(f"paro{size}")
-    mp.spawn(train_every_strategy, args=(size, nodes, free_port(), str(out_dir)), nprocs=size)
-    ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(size)]
-    return {"nodes": nodes, "per_node": per_node, "size": size, "ranks": ranks}
+    ranks = run_ranks(train_every_strategy, nodes, nodes=nodes, procs_per_node=per_node,
+                      timeout_s=180)
+    return {"nodes": nodes, "per_node": per_node, "size": nodes * per_node, "ranks": ranks}
 
 
 def test_every_strategy_matches_a_single_process_reference(world):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.checkpoint import (
     Checkpointer,
@@ -20,6 +19,7 @@ from engine.checkpoint import (
     load,
     restore,
 )
+from tests.engine.ranks import run_ranks
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[3]
@@ -136,19 +136,15 @@ def test_the_memory_tier_wins_at_equal_steps_and_nothing_found_is_none(tmp_path)
     assert nothing.checkpoint is None and nothing.skipped == []
 
 
-def _restore_worker(rank: int, directory: str, init: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
-        target = torch.empty(50)
-        restored = restore([directory], {"w": (target, 50 * rank, 100)})
-        assert restored.step == 10 and target.eq(10).all()
-        (skipped,) = restored.skipped
-        # rank 0 read only intact bytes of step 20; it still moves on with rank 1
-        expected = "another rank found it corrupt" if rank == 0 else "fails its checksum"
-        assert expected in skipped.problem, skipped.problem
-    finally:
-        dist.destroy_process_group()
+def _restore_worker(directory: str) -> None:
+    rank = dist.get_rank()
+    target = torch.empty(50)
+    restored = restore([directory], {"w": (target, 50 * rank, 100)})
+    assert restored.step == 10 and target.eq(10).all()
+    (skipped,) = restored.skipped
+    # rank 0 read only intact bytes of step 20; it still moves on with rank 1
+    expected = "another rank found it corrupt" if rank == 0 else "fails its checksum"
+    assert expected in skipped.problem, skipped.problem
 
 
 def test_ranks_move_on_together_when_only_one_finds_corruption(tmp_path):
@@ -157,4 +153,4 @@ def test_ranks_move_on_together_when_only_one_finds_corruption(tmp_path):
     data = bytearray(victim.read_bytes())
     data[3] ^= 0x80
     victim.write_bytes(data)
-    mp.spawn(_restore_worker, args=(str(tmp_path), f"file://{tmp_path}/rdzv"), nprocs=2)
+    run_ranks(_restore_worker, str(tmp_path), procs_per_node=2, timeout_s=60)

@@ -6,26 +6,24 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from engine.anomaly import FaultInjector
 from engine.horing import Topology
 from engine.runtime.spec import FaultInjection
 from engine.xputimer import OpAggregator, OpTimer, write_trace
+from tests.engine.ranks import run_ranks
 
 NODES, PER_NODE, STEPS, SLOW_RANK = 2, 2, 4, 2
 
 
-def rank_main(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+def rank_main(out: str) -> list[dict]:
+    """This rank's aggregate of every step; rank 0 also writes the gathered trace to `out`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     topo = Topology(NODES, PER_NODE).init_groups()
     injector = FaultInjector([FaultInjection("slow_rank", step=2, rank=SLOW_RANK, factor=5.0)],
                              rank)
@@ -53,21 +51,14 @@ def rank_main(rank: int, world: int, port: int, out: str) -> None:
                   "gpu_memory_bytes": math.nan}
         aggregates.append(aggregator.aggregate(timer.step_end(step), system))
     write_trace(timer, f"{out}/trace.json")
-    with open(f"{out}/aggregates-{rank}.json", "w") as f:
-        json.dump(aggregates, f)
-    dist.destroy_process_group()
+    return aggregates
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("xputimer")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    world = NODES * PER_NODE
-    mp.start_processes(rank_main, args=(world, port, str(out)), nprocs=world,
-                       start_method="fork")
-    aggregates = [json.loads((out / f"aggregates-{r}.json").read_text()) for r in range(world)]
+    aggregates = run_ranks(rank_main, str(out), nodes=NODES, procs_per_node=PER_NODE,
+                           timeout_s=60)
     return aggregates, json.loads((out / "trace.json").read_text())
 
 

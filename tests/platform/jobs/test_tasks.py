@@ -111,8 +111,8 @@ def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
 def broker_down():
     """This process's Celery producer pointed at a port nothing listens on, as when Redis is
     down; yields a function that brings the broker back."""
+    from engine.ports import free_port
     from ringside.celery import app
-    from ringside.services import free_port
 
     working = app.conf.CELERY_BROKER_URL
 

@@ -1,16 +1,15 @@
 """Every HO-Ring collective agrees with torch.distributed on real gloo ranks.
 
-Eight ranks are spawned once; the first W of them form each world of size 2, 4, 6 and 8 in
-turn and run all cases for the topologies of that size (1x2, 2x1, 1x4, 4x1, 2x2, 2x3, 2x4,
-4x2): every algorithm for all-reduce, reduce-scatter and all-gather, over both shard
-layouts, int64 / fp32 / bf16, sum and avg, lengths 1, W+1 and 1001, with small pipeline
-chunks so that HO-Ring's pipeline runs several chunks.
+Each world of size 2, 4, 6 and 8 is spawned once and runs all cases for the topologies of
+that size (1x2, 2x1, 1x4, 4x1, 2x2, 2x3, 2x4, 4x2): every algorithm for all-reduce,
+reduce-scatter and all-gather, over both shard layouts, int64 / fp32 / bf16, sum and avg,
+lengths 1, W+1 and 1001, with small pipeline chunks so that HO-Ring's pipeline runs several
+chunks.
 """
 
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 
@@ -21,23 +20,18 @@ from tests.engine.horing.horing_ranks import (
     RS_KINDS,
     SHAPES,
     lengths,
-    run_ranks,
+    world_report,
 )
+from tests.engine.ranks import run_ranks
 
 WORLDS = sorted(SHAPES)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[int, list[dict]]:
-    """Per world size, every rank's report; the ranks are spawned once for the module."""
-    ports = {world: _free_port() for world in WORLDS}
-    return run_ranks(ports, tmp_path_factory.mktemp("horing"))
+def reports() -> dict[int, list[dict]]:
+    """Per world size, every rank's report; each world is spawned once for the module."""
+    return {world: run_ranks(world_report, procs_per_node=world, timeout_s=120)
+            for world in WORLDS}
 
 
 def _failures(ranks: list[dict], section: str, prefix: str) -> tuple[int, dict[str, str]]:
