@@ -21,10 +21,9 @@ import torch
 import torch.distributed as dist
 
 import engine.horing
+from engine.contract import COLLECTIVES
 from engine.horing.topology import Topology
 from engine.xputimer import OpTimer
-
-COLLECTIVES = ("native", "ring", "hier", "horing")
 
 
 @dataclass

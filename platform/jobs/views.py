@@ -9,19 +9,11 @@ from django.contrib.auth.views import LoginView
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from engine.anomaly import DEFAULT_LADDERS
-from engine.anomaly.ladder import LADDER_ACTIONS
+from engine.anomaly.inject import FAULT_KINDS, FaultInjection
+from engine.anomaly.policy import DEFAULT_LADDERS, LADDER_ACTIONS, FaultPolicy
+from engine.contract import COLLECTIVES, STRATEGIES
 from engine.moe.config import PRESETS
-from engine.runtime.spec import (
-    COLLECTIVES,
-    FAULT_KINDS,
-    STRATEGIES,
-    CheckpointSpec,
-    DatasetSpec,
-    FaultInjection,
-    FaultPolicy,
-    TrainSpec,
-)
+from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
 from jobs.permissions import visible_jobs
 
 FORM_PRESETS = ("tiny", "small")
