@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, JobState
+from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule
 from engine.moe.config import PRESETS
 from engine.runtime.spec import SpecError, parse_spec, with_layout
 from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
@@ -167,6 +167,7 @@ class CloneBody(serializers.Serializer):
 class CommandRuleSerializer(serializers.Serializer):
     """When a command may be issued, and what it does to the job (engine.contract)."""
 
+    # the job's own state choices, so that the schema names them once (JobStateEnum)
     allowed_in = serializers.ListField(child=serializers.ChoiceField(choices=State.choices),
                                        help_text="the job states it may be issued in")
     moves_to = serializers.ChoiceField(
@@ -175,7 +176,7 @@ class CommandRuleSerializer(serializers.Serializer):
 
     def to_representation(self, rule: CommandRule) -> dict[str, Any]:
         data = super().to_representation(rule)
-        data["allowed_in"].sort(key=list(JobState).index)  # lifecycle order (a set has none)
+        data["allowed_in"].sort(key=State.values.index)  # lifecycle order (a set has none)
         return data
 
 
