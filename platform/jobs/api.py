@@ -29,9 +29,10 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
+from engine.contract import COMMAND_RULES, CommandKind
 from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
-from engine.moe import preset
+from engine.moe.config import preset
 from engine.paro.planner import plan
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import idempotency
@@ -45,7 +46,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
-from jobs.models import ApiToken, AuditEntry, CommandKind, IllegalTransition, Job, State, Webhook
+from jobs.models import ApiToken, AuditEntry, IllegalTransition, Job, State, Webhook
 from jobs.permissions import request_cause, token_creation_wait, visible_jobs
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.serializers import (
@@ -55,6 +56,7 @@ from jobs.serializers import (
     CheckpointSerializer,
     CloneBody,
     CommandBody,
+    CommandRulesSerializer,
     CommandSerializer,
     JobDetailSerializer,
     JobEventSerializer,
@@ -84,6 +86,10 @@ class Conflict(APIException):
         super().__init__({"detail": str(error), "state": error.state})
 
 
+# what every steering action answers
+STEERED = {202: CommandSerializer, **STEER_ERRORS}
+
+
 def actor(request: Request) -> str:
     return request.user.get_username()
 
@@ -99,31 +105,6 @@ class JobFilter(filters.FilterSet):
     class Meta:
         model = Job
         fields = ["state", "owner", "name"]
-
-
-def _steer(kind: str, body: type[CommandBody], description: str):
-    """One steering action: validate the body, issue the command, answer 202 with it."""
-
-    def steer(self, request: Request, pk: str) -> Response:
-        job = self.get_object()
-        if not isinstance(request.data, dict):
-            return Response({"non_field_errors": ["the body must be a JSON object"]},
-                            status=status.HTTP_400_BAD_REQUEST)
-        validator = body(data=request.data, context={"job": job, "request": request})
-        validator.is_valid(raise_exception=True)
-        try:
-            command = issue(job, kind, dict(validator.validated_data), actor=actor(request),
-                            cause=request_cause(request), engine_args=validator.engine_args())
-        except IllegalTransition as e:
-            raise Conflict(e) from e
-        return Response(CommandSerializer(command).data, status=status.HTTP_202_ACCEPTED)
-
-    # the router maps the HTTP method to the action by its function name
-    steer.__name__ = steer.__qualname__ = str(kind)
-    routed = action(detail=True, methods=["post"], url_path=kind, url_name=kind)(
-        idempotent(steer))
-    return extend_schema(request=body, responses={202: CommandSerializer, **STEER_ERRORS},
-                         parameters=[idempotency.PARAMETER], description=description)(routed)
 
 
 @extend_schema_view(
@@ -193,22 +174,69 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             dispatch(job)
         return job
 
-    pause = _steer(CommandKind.PAUSE, CommandBody,
-                   "Checkpoint at the next step boundary and stop, freeing the worker "
-                   "(running → pausing → paused).")
-    resume = _steer(CommandKind.RESUME, CommandBody,
-                    "Queue a paused job again; it continues from its newest checkpoint.")
-    cancel = _steer(CommandKind.CANCEL, CommandBody,
-                    "Queued and paused jobs are cancelled at once; a running one stops at its "
-                    "next step boundary (or by signal within seconds).")
-    rollback = _steer(CommandKind.ROLLBACK, RollbackBody,
-                      "Go back to a kept checkpoint (by `checkpoint` id or the newest at or "
-                      "before `step`), optionally skipping the data window since then.")
-    reshard = _steer(CommandKind.RESHARD, ReshardBody,
-                     "Checkpoint and relaunch the ranks on another layout; the global batch "
-                     "stays the same.")
-    checkpoint = _steer(CommandKind.CHECKPOINT, CommandBody,
-                        "Write a checkpoint at the next step boundary.")
+    def _steer(self, request: Request, kind: CommandKind, body: type[CommandBody]) -> Response:
+        """Validate the body, issue the command, answer 202 with it (409 when the job's state
+        does not allow it)."""
+        job = self.get_object()
+        if not isinstance(request.data, dict):
+            return Response({"non_field_errors": ["the body must be a JSON object"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        validator = body(data=request.data, context={"job": job})
+        validator.is_valid(raise_exception=True)
+        data = validator.validated_data
+        try:
+            command = issue(job, kind, data["args"], engine_args=data["engine_args"],
+                            actor=actor(request), cause=request_cause(request))
+        except IllegalTransition as e:
+            raise Conflict(e) from e
+        return Response(CommandSerializer(command).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Checkpoint at the next step boundary and stop, freeing the "
+                   "worker (running → pausing → paused).")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def pause(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.PAUSE, CommandBody)
+
+    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Queue a paused job again; it continues from its newest "
+                   "checkpoint.")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def resume(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.RESUME, CommandBody)
+
+    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Queued and paused jobs are cancelled at once; a running one "
+                   "stops at its next step boundary (or by signal within seconds).")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def cancel(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.CANCEL, CommandBody)
+
+    @extend_schema(request=RollbackBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Go back to a kept checkpoint (by `checkpoint` id or the newest "
+                   "at or before `step`), optionally skipping the data window since then.")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def rollback(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.ROLLBACK, RollbackBody)
+
+    @extend_schema(request=ReshardBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Checkpoint and relaunch the ranks on another layout; the "
+                   "global batch stays the same.")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def reshard(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.RESHARD, ReshardBody)
+
+    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Write a checkpoint at the next step boundary.")
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def checkpoint(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.CHECKPOINT, CommandBody)
 
     def _page(self, rows, serializer_class) -> Response:
         page = self.paginate_queryset(rows)
@@ -251,9 +279,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                          context={"job": original})
         body.is_valid(raise_exception=True)
         spec = copy.deepcopy(original.spec)
-        spec["name"] = body.validated_data.get("name", original.name)
+        spec["name"] = body.validated_data["name"]
         job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
-                           "job.clone", resume_from=body.context.get("checkpoint_path", ""),
+                           "job.clone", resume_from=body.validated_data["resume_from"],
                            original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -265,6 +293,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def metrics(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         return Response(metrics_payload(job.pk, request.query_params))
+
+
+class CommandRulesView(APIView):
+    """Each command's rule: the job states it may be issued in, and the state it moves the job
+    to. The job page enables its controls by these."""
+
+    @extend_schema(responses={200: CommandRulesSerializer, 401: UNAUTHENTICATED})
+    def get(self, request: Request) -> Response:
+        return Response(CommandRulesSerializer(COMMAND_RULES).data)
 
 
 class PlanView(APIView):

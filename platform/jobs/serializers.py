@@ -6,13 +6,11 @@ from typing import Any
 
 from rest_framework import serializers
 
-from engine.moe import PRESETS
-from engine.paro.strategy import STRATEGY_NAMES
+from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule
+from engine.moe.config import PRESETS
 from engine.runtime.spec import SpecError, parse_spec, with_layout
-from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, Webhook
+from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
 from monitor.models import Anomaly, Checkpoint
-
-COLLECTIVES = ("native", "ring", "hier", "horing")
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -90,9 +88,10 @@ class AuditEntrySerializer(serializers.ModelSerializer):
 class CommandBody(serializers.Serializer):
     """A command's body; pause, resume, cancel and checkpoint have no fields."""
 
-    def engine_args(self) -> dict[str, Any]:
-        """The command's args as the engine takes them."""
-        return dict(self.validated_data)
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        # what jobs.steering.issue takes: the args stored on the command as the user gave
+        # them, and the same command as the engine takes it
+        return {"args": data, "engine_args": data}
 
 
 class RollbackBody(CommandBody):
@@ -108,27 +107,21 @@ class RollbackBody(CommandBody):
         if ("checkpoint" in data) == ("step" in data):
             raise serializers.ValidationError(
                 {"checkpoint": "give exactly one of checkpoint and step"})
+        engine_args: dict[str, Any] = {"skip_data": data["skip_data"]}
         if "checkpoint" in data:
             try:
                 found = job_checkpoint(self.context["job"], data["checkpoint"])
             except serializers.ValidationError as e:
                 raise serializers.ValidationError({"checkpoint": e.detail}) from e
-            self.context["checkpoint_path"] = found.path
-        return data
-
-    def engine_args(self) -> dict[str, Any]:
-        """The command as the engine takes it: a checkpoint by its path."""
-        data = self.validated_data
-        args: dict[str, Any] = {"skip_data": data["skip_data"]}
-        if "checkpoint" in data:
-            args["checkpoint"] = self.context["checkpoint_path"]
+            # the engine knows checkpoints by their folder, not by the platform's ids
+            engine_args["checkpoint"] = found.path
         else:
-            args["step"] = data["step"]
-        return args
+            engine_args["step"] = data["step"]
+        return {"args": data, "engine_args": engine_args}
 
 
 class ReshardBody(CommandBody):
-    strategy = serializers.ChoiceField(choices=STRATEGY_NAMES, help_text="a PaRO strategy")
+    strategy = serializers.ChoiceField(choices=STRATEGIES, help_text="a PaRO strategy")
     nodes = serializers.IntegerField(min_value=1)
     procs_per_node = serializers.IntegerField(min_value=1)
 
@@ -140,15 +133,14 @@ class ReshardBody(CommandBody):
             raise serializers.ValidationError(
                 {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e
         world = data["nodes"] * data["procs_per_node"]
-        train = spec.get("train", {})
-        batch = int(train.get("micro_batch", 1)) * int(
-            spec.get("parallel", {}).get("nodes", 1)) * int(
-            spec.get("parallel", {}).get("procs_per_node", 1))
+        layout = spec.get("parallel", {})
+        batch = (int(spec.get("train", {}).get("micro_batch", 1))
+                 * int(layout.get("nodes", 1)) * int(layout.get("procs_per_node", 1)))
         if batch % world:
             raise serializers.ValidationError(
                 {"nodes": f"the global micro-batch ({batch} sequences) does not divide over "
                           f"{world} ranks"})
-        return data
+        return super().validate(data)
 
 
 class CloneBody(serializers.Serializer):
@@ -158,13 +150,41 @@ class CloneBody(serializers.Serializer):
         required=False, min_value=1,
         help_text="start from this checkpoint of the original (a disk checkpoint's id)")
 
-    def validate_checkpoint(self, value: int) -> int:
+    def validate_checkpoint(self, value: int) -> Checkpoint:
         found = job_checkpoint(self.context["job"], value)
         if found.tier == "memory":
             raise serializers.ValidationError("a memory-tier checkpoint cannot seed a clone; "
                                               "pick a disk one")
-        self.context["checkpoint_path"] = found.path
-        return value
+        return found
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        # what the new job takes: its name, and the checkpoint it starts from (empty: afresh)
+        found = data.get("checkpoint")
+        return {"name": data.get("name", self.context["job"].name),
+                "resume_from": found.path if found else ""}
+
+
+class CommandRuleSerializer(serializers.Serializer):
+    """When a command may be issued, and what it does to the job (engine.contract)."""
+
+    # the job's own state choices, so that the schema names them once (JobStateEnum)
+    allowed_in = serializers.ListField(child=serializers.ChoiceField(choices=State.choices),
+                                       help_text="the job states it may be issued in")
+    moves_to = serializers.ChoiceField(
+        choices=State.choices, allow_null=True,
+        help_text="the state the job takes while it is carried out; null: it keeps its state")
+
+    def to_representation(self, rule: CommandRule) -> dict[str, Any]:
+        data = super().to_representation(rule)
+        data["allowed_in"].sort(key=State.values.index)  # lifecycle order (a set has none)
+        return data
+
+
+class CommandRulesSerializer(serializers.Serializer):
+    """Every command kind's rule, by kind."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {str(kind): CommandRuleSerializer() for kind in CommandKind}
 
 
 class PlanQuery(serializers.Serializer):

@@ -8,6 +8,7 @@ from jobs import views
 from jobs.api import (
     ApiTokenViewSet,
     AuditView,
+    CommandRulesView,
     JobViewSet,
     PlanView,
     TokenView,
@@ -32,6 +33,7 @@ urlpatterns = [
     path("tokens/", tokens_page, name="tokens"),
     path("api/auth/token/", TokenView.as_view(), name="api-token"),
     path("api/plan/", PlanView.as_view(), name="api-plan"),
+    path("api/commands/", CommandRulesView.as_view(), name="api-commands"),
     path("api/audit/", AuditView.as_view(), name="api-audit"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -5,16 +5,7 @@ import { api } from "./api.js";
 import { bytes, duration, el, errorText, rows } from "./format.js";
 import { PlanTable } from "./plan.js";
 
-const FINAL = new Set(["completed", "failed", "cancelled"]);
-const ALLOWED = {
-  pause: (s) => s === "running",
-  checkpoint: (s) => s === "running",
-  rollback: (s) => s === "running",
-  reshard: (s) => s === "running",
-  resume: (s) => s === "paused",
-  cancel: (s) => !FINAL.has(s),
-  clone: () => true,
-};
+// the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
                 rollback: "Rollback", reshard: "Reshard" };
 
@@ -44,7 +35,8 @@ export class Controls {
     this.picked = null;
     this.resultEl = document.getElementById("action-result");
     this.list = document.getElementById("results");
-    for (const kind of Object.keys(ALLOWED)) {
+    this.rules = {}; // kind -> {allowed_in, moves_to}: the API's, once loadRules has them
+    for (const kind of [...Object.keys(LABEL), "clone"]) {
       document.getElementById(kind).addEventListener("click", () => this.click(kind));
     }
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
@@ -62,11 +54,23 @@ export class Controls {
     for (const input of [this.nodes, this.procs]) input.addEventListener("input", () => this.replan());
   }
 
+  // The states each command may be issued in, as the API's state machine has them (GET
+  // /api/commands/), read once; until they arrive every command button stays disabled.
+  async loadRules() {
+    const { ok, data } = await api("/api/commands/");
+    if (!ok) return;
+    this.rules = data;
+    this.enable(this.job.state());
+  }
+
+  allowed(kind, state) {
+    return this.rules[kind]?.allowed_in.includes(state) ?? false;
+  }
+
   enable(state) {
-    for (const [kind, allowed] of Object.entries(ALLOWED)) {
-      document.getElementById(kind).disabled = !allowed(state);
-    }
-    for (const id of ["rollback-go", "reshard-go"]) document.getElementById(id).disabled = state !== "running";
+    for (const kind of Object.keys(LABEL)) document.getElementById(kind).disabled = !this.allowed(kind, state);
+    // the buttons in the rollback and reshard panels send those commands
+    for (const kind of ["rollback", "reshard"]) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
   }
 
   click(kind) {

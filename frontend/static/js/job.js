@@ -201,6 +201,7 @@ function connect() {
 }
 
 controls.enable(state);
+controls.loadRules();
 showProgress();
 loadDetail();
 connect();
