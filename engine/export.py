@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
@@ -39,6 +39,9 @@ from engine.checkpoint import CheckpointError, CheckpointReader
 from engine.checkpoint.reader import resolve
 from engine.moe.config import MoEConfig
 from engine.moe.model import MoEModel
+
+if TYPE_CHECKING:
+    from engine.runtime.spec import JobSpec
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
 INDEX_FILE = "model.safetensors.index.json"
@@ -209,7 +212,7 @@ def checkpoint_buffers(reader: CheckpointReader) -> dict[str, torch.Tensor]:
     raise ExportError(f"{reader.info.path}: its extras hold no model buffers (no 'buffers' key)")
 
 
-def _check_checkpoint(reader: CheckpointReader, config: MoEConfig, params: dict) -> None:
+def _check_checkpoint(reader: CheckpointReader, params: dict) -> None:
     saved = reader.tensors.get("params", {}).get("length")
     wanted = sum(math.prod(shape) for _, shape in params.values())
     if saved != wanted:
@@ -233,7 +236,7 @@ def _read_piece(reader: CheckpointReader, piece: Piece, params: dict,
 # --- export ----------------------------------------------------------------------------------
 
 
-def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], spec: Any,
+def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], spec: JobSpec,
            *, max_shard_size: int | str = "5GB") -> dict[str, Any]:
     """Write the Hugging Face directory for `checkpoint` (a step folder, or a checkpoint
     directory: its newest good checkpoint), trained by `spec` (a JobSpec). Returns a
@@ -243,10 +246,12 @@ def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     info = resolve(checkpoint)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("model*.safetensors*"):  # an earlier export's shards would mislead
+        stale.unlink()
     params, _ = model_layout(config)
     pieces = hf_pieces(config)
     with CheckpointReader(info) as reader:
-        _check_checkpoint(reader, config, params)
+        _check_checkpoint(reader, params)
         buffers = checkpoint_buffers(reader)
         if not config.moe_router_enable_expert_bias:  # our router never adds it
             buffers = {k: torch.zeros_like(v) for k, v in buffers.items()}
@@ -311,7 +316,7 @@ _TRAINING_ONLY = (
 ).split()
 
 
-def _readme(spec: Any, s: dict[str, Any]) -> str:
+def _readme(spec: JobSpec, s: dict[str, Any]) -> str:
     c: MoEConfig = spec.model
     mtp = c.num_nextn_predict_layers
     tokenizer = (
@@ -446,7 +451,7 @@ def load_hf(model_dir: str | os.PathLike[str], config: MoEConfig) -> dict[str, t
 # --- command line ----------------------------------------------------------------------------
 
 
-def _load_spec(spec_path: Path | None, checkpoint: str) -> Any:
+def _load_spec(spec_path: Path | None, checkpoint: str) -> JobSpec:
     """The job spec from --spec, else from the checkpoint's manifest meta (key "spec")."""
     from engine.runtime.spec import parse_spec
 

@@ -137,13 +137,14 @@ def test_small_trained_on_2x2_ranks_exports_in_shards_without_tokenizer_files(tm
     assert {"config.json", "generation_config.json"} <= {p.name for p in out.iterdir()}
 
 
-def save_single_rank_checkpoint(directory: Path, model: MoEModel) -> Path:
-    """A one-rank checkpoint of `model` as the trainer lays it out (flat params, buffers)."""
+def save_single_rank_checkpoint(directory: Path, model: MoEModel, part: str = "") -> Path:
+    """A one-rank checkpoint of `model` as the trainer lays it out: the flat parameters, and
+    the buffers in the extras (under the stateful `part` when named, as a TrainState saves)."""
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     params = {name for name, _ in model.named_parameters()}
-    buffers = {k: v.clone() for k, v in model.state_dict().items() if k not in params}
+    extras = {"buffers": {k: v.clone() for k, v in model.state_dict().items() if k not in params}}
     ckpt = Checkpointer(directory, memory_dir=None)
-    ckpt.save(1, {"params": (flat, 0, flat.numel())}, {"buffers": buffers})
+    ckpt.save(1, {"params": (flat, 0, flat.numel())}, {part: extras} if part else extras)
     ckpt.close()
     return resolve(directory).path
 
@@ -165,6 +166,20 @@ def test_norm_head_is_folded_into_the_exported_head(tmp_path):
     ids = tokens(config.vocab_size)
     assert relative_error(logits(hf, ids), logits(model, ids)) <= 1e-4
     assert "NormHead is folded in" in (tmp_path / "hf" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("part", ["", "train"])
+def test_the_expert_bias_comes_from_the_extras_flat_or_in_a_stateful_part(tmp_path, part):
+    torch.manual_seed(0)
+    model = MoEModel(preset("nano"))
+    model.moe_layers[0].router.expert_bias.normal_(0, 0.05)
+    checkpoint = save_single_rank_checkpoint(tmp_path / "ckpt", model, part)
+
+    export(checkpoint, tmp_path / "hf", parse_spec({"name": "b", "model": {"preset": "nano"}}))
+
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        exported = f.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias")
+    assert torch.equal(exported, model.moe_layers[0].router.expert_bias)
 
 
 @pytest.mark.parametrize("overrides, field", [
