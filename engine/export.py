@@ -226,6 +226,8 @@ def _read_piece(reader: CheckpointReader, piece: Piece, params: dict,
                 buffers: dict[str, torch.Tensor]) -> torch.Tensor:
     if piece.source in buffers:
         return buffers[piece.source].float().reshape(piece.shape).clone()
+    if piece.source not in params:
+        raise ExportError(f"{reader.info.path}: its extras lack the buffer {piece.source}")
     offset, _ = params[piece.source]
     tensor = reader.read("params", offset + piece.start, piece.numel).view(piece.shape)
     if piece.norm_head:  # as LMHead.forward computes it, so the logits are the same
