@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -194,7 +195,10 @@ class Client:
         failures = 0
         while True:
             try:
-                with connect(self._socket_url(job_id, after), open_timeout=30) as socket:
+                # close_timeout: the server does not answer a client's close frame (it let
+                # websockets' default 10 s run out), and the client has nothing left to hear
+                with connect(self._socket_url(job_id, after), open_timeout=30,
+                             close_timeout=1) as socket:
                     for raw in socket:
                         failures = 0
                         message = json.loads(raw)
@@ -220,11 +224,12 @@ class Client:
              on_message: Callable[[dict[str, Any]], None] | None = None) -> str:
         """Follow the job until it settles (completed, failed, cancelled or paused), handing
         every message to `on_message`; the settled state."""
-        for message in self.watch(job_id):
-            if on_message is not None:
-                on_message(message)
-            if message["type"] in ("snapshot", "job") and message["state"] in SETTLED_STATES:
-                return message["state"]
+        with closing(self.watch(job_id)) as messages:  # closed now, not when collected
+            for message in messages:
+                if on_message is not None:
+                    on_message(message)
+                if message["type"] in ("snapshot", "job") and message["state"] in SETTLED_STATES:
+                    return message["state"]
         raise AssertionError("unreachable: watch() ends only by raising")
 
     def _socket_url(self, job_id: int, after: int | None) -> str:
