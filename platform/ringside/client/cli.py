@@ -35,8 +35,8 @@ app.add_typer(jobs, name="jobs")
 app.add_typer(checkpoints, name="checkpoints")
 
 JobId = Annotated[int, typer.Argument(help="the job's id")]
-Follow = Annotated[bool, typer.Option("--follow", "-f", help="watch it live until it settles; "
-                                      "exit with its outcome")]
+FollowOption = Annotated[bool, typer.Option(
+    "--follow", "-f", help="watch it live until it settles; exit with its outcome")]
 
 
 @dataclass
@@ -89,7 +89,7 @@ def login(ctx: typer.Context,
 @jobs.command("submit")
 def submit(ctx: typer.Context,
            spec: Annotated[Path, typer.Argument(help="the job spec (JSON; - for stdin)")],
-           follow: Follow = False) -> None:
+           follow: FollowOption = False) -> None:
     """Launch a job from its spec."""
     text = sys.stdin.read() if str(spec) == "-" else spec.read_text()
     try:

@@ -151,7 +151,8 @@ class Follow:
             self._note(f"[yellow]action[/] {message['action']} by {by} at step {message['step']}")
 
     def _step(self, event: dict[str, Any]) -> None:
-        loss, tps = _num(event.get("loss")), _num(event.get("tokens_per_s"))
+        rate = event.get("tokens_per_s")
+        loss, tps = _num(event.get("loss")), "—" if rate is None else f"{rate:,.0f}"
         self.progress.update(self.task, completed=event["step"], loss=loss, tps=tps)
         now = time.monotonic()
         if not self.live and now - self.logged_at >= self.LOG_EVERY_S:

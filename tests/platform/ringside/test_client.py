@@ -122,7 +122,7 @@ def test_submit_follow_shows_live_steps_exits_0_and_the_job_reads_back(
     run = ringside("jobs", "submit", spec, "--follow")
     assert run.code == 0, f"{run.out}\n{run.err}\nworker log: {celery_worker.log_path}"
     job_id = int(re.match(r"job (\d+) \(t\) queued", run.out).group(1))
-    assert re.search(r"^step \d/6 loss \d+\.\d+ [\d.]+ tok/s$", run.out, re.M), run.out
+    assert re.search(r"^step \d/6 loss \d+\.\d+ [\d,]+ tok/s$", run.out, re.M), run.out
     assert "completed at step 6" in run.out
 
     assert re.search(rf"^│ {job_id} +│ t +│ completed +│ 6/6 +│ ada", ringside("jobs", "list").out,
