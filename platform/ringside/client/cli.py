@@ -1,0 +1,303 @@
+"""`ringside`: the platform from the command line; each command is one `Client` call.
+
+Exit codes: 0 done (a followed job completed), 1 the followed job failed, 2 a bad command
+line, 3 the followed job paused, 4 it was cancelled (the engine's own exit codes), 5 the
+server refused the request (its message is printed, naming the fields) or was unreachable.
+`--json` prints every answer as one JSON document, for scripts.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from engine.contract import ExitCode, JobState
+from ringside.client import config, render
+from ringside.client.api import ApiError, Client
+
+API_ERROR = 5
+OUTCOME = {JobState.COMPLETED: ExitCode.COMPLETED, JobState.FAILED: ExitCode.FAILED,
+           JobState.PAUSED: ExitCode.PAUSED, JobState.CANCELLED: ExitCode.CANCELLED}
+
+app = typer.Typer(help="Launch, watch and steer Ringside training jobs.",
+                  no_args_is_help=True, pretty_exceptions_enable=False,
+                  add_completion=False)
+jobs = typer.Typer(help="Your jobs: submit, read, steer.", no_args_is_help=True)
+checkpoints = typer.Typer(help="A job's checkpoints.", no_args_is_help=True)
+app.add_typer(jobs, name="jobs")
+app.add_typer(checkpoints, name="checkpoints")
+
+JobId = Annotated[int, typer.Argument(help="the job's id")]
+FollowOption = Annotated[bool, typer.Option(
+    "--follow", "-f", help="watch it live until it settles; exit with its outcome")]
+
+
+@dataclass
+class Session:
+    """What the global options chose, handed to every command through the context."""
+
+    url: str | None
+    json: bool
+    console: Console
+
+    def client(self) -> Client:
+        found = config.load(self.url)
+        return Client(found.url, found.token)
+
+    def show(self, answer: Any, human) -> None:
+        if self.json:
+            print(json.dumps(answer, indent=2))
+        else:
+            human(self.console, answer)
+
+
+def session(ctx: typer.Context) -> Session:
+    return ctx.find_root().obj
+
+
+@app.callback()
+def options(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option(help="the server (default: RINGSIDE_URL, then the "
+                                            "one you logged in to)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print answers as JSON")] = False,
+) -> None:
+    ctx.obj = Session(url, as_json, Console())
+
+
+@app.command()
+def login(ctx: typer.Context,
+          username: Annotated[str, typer.Option(prompt=True, help="your user name")]) -> None:
+    """Exchange your password for an API token, stored for this user only (mode 0600)."""
+    s = session(ctx)
+    password = getpass.getpass()
+    with s.client() as client:
+        client.login(username, password)
+        path = config.save(client.url, client.token)
+    s.show({"url": client.url, "username": username, "credentials": str(path)},
+           lambda console, a: console.print(f"logged in to {a['url']} as {a['username']}; "
+                                            f"token stored in {a['credentials']}"))
+
+
+@jobs.command("submit")
+def submit(ctx: typer.Context,
+           spec: Annotated[Path, typer.Argument(help="the job spec (JSON; - for stdin)")],
+           follow: FollowOption = False) -> None:
+    """Launch a job from its spec."""
+    text = sys.stdin.read() if str(spec) == "-" else spec.read_text()
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint="SPEC") from e
+    s = session(ctx)
+    with s.client() as client:
+        job = client.submit(body)
+        if follow:
+            if not s.json:
+                render.launched(s.console, job)
+            _follow(s, client, job["id"])
+        s.show(job, render.launched)
+
+
+@jobs.command("follow")
+def follow_job(ctx: typer.Context, job_id: JobId) -> None:
+    """Watch a job live until it settles; exit with its outcome."""
+    s = session(ctx)
+    with s.client() as client:
+        _follow(s, client, job_id)
+
+
+def _follow(s: Session, client: Client, job_id: int) -> None:
+    if s.json:
+        state = client.wait(job_id)
+        s.show(client.job(job_id), render.job)
+    else:
+        with render.Follow(s.console) as shown:
+            state = client.wait(job_id, shown)
+    raise typer.Exit(OUTCOME[JobState(state)])
+
+
+@jobs.command("list")
+def list_jobs(ctx: typer.Context,
+              state: Annotated[list[str] | None, typer.Option(help="only these states")] = None,
+              limit: Annotated[int, typer.Option(help="at most this many")] = 50) -> None:
+    """Your jobs, newest first."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.jobs(state, limit), render.jobs)
+
+
+@jobs.command("show")
+def show(ctx: typer.Context, job_id: JobId) -> None:
+    """One job."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.job(job_id), render.job)
+
+
+@jobs.command("events")
+def events(ctx: typer.Context, job_id: JobId) -> None:
+    """A job's state history, oldest first."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.events(job_id), render.events)
+
+
+@jobs.command("metrics")
+def metrics(ctx: typer.Context, job_id: JobId,
+            names: Annotated[list[str] | None, typer.Option("--name", help="only these")] = None,
+            start: Annotated[int | None, typer.Option("--from", help="first step")] = None,
+            end: Annotated[int | None, typer.Option("--to", help="last step")] = None,
+            max_points: Annotated[int | None, typer.Option(help="per series")] = None) -> None:
+    """A job's step metrics (loss, tokens/s, ...), downsampled by the server."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.metrics(job_id, names, start, end, max_points), render.metrics)
+
+
+def _steer(ctx: typer.Context, call) -> dict[str, Any]:
+    """Issue one command through `call(client)` and show the server's receipt."""
+    s = session(ctx)
+    with s.client() as client:
+        command = call(client)
+    s.show(command, render.command)
+    return command
+
+
+@jobs.command("pause")
+def pause(ctx: typer.Context, job_id: JobId,
+          warm: Annotated[bool, typer.Option(help="keep the ranks and their state in memory "
+                                             "for a fast resume")] = False) -> None:
+    """Checkpoint at the next step boundary and stop (cold: freeing the worker)."""
+    command = _steer(ctx, lambda client: client.pause(job_id, warm))
+    if warm and command["args"].get("mode") != "warm":
+        # a server without warm pauses ignores the unknown field: say so, not a silent cold one
+        Console(stderr=True).print("warning: this server does not know warm pauses; the job "
+                                   "pauses cold (checkpoint, then stop)")
+
+
+@jobs.command("resume")
+def resume(ctx: typer.Context, job_id: JobId) -> None:
+    """Queue a paused job again; it continues from its newest checkpoint."""
+    _steer(ctx, lambda client: client.resume(job_id))
+
+
+@jobs.command("checkpoint")
+def checkpoint(ctx: typer.Context, job_id: JobId) -> None:
+    """Write a checkpoint at the next step boundary."""
+    _steer(ctx, lambda client: client.checkpoint(job_id))
+
+
+@jobs.command("rollback")
+def rollback(ctx: typer.Context, job_id: JobId,
+             step: Annotated[int | None, typer.Option(help="the newest checkpoint at or "
+                                                      "before this step")] = None,
+             checkpoint: Annotated[int | None, typer.Option(help="a checkpoint id")] = None,
+             skip_data: Annotated[bool, typer.Option(help="skip the data window since "
+                                                     "then")] = False) -> None:
+    """Go back to a kept checkpoint."""
+    if (step is None) == (checkpoint is None):
+        raise typer.BadParameter("give exactly one of --step and --checkpoint")
+    _steer(ctx, lambda client: client.rollback(job_id, step, checkpoint, skip_data))
+
+
+@jobs.command("reshard")
+def reshard(ctx: typer.Context, job_id: JobId,
+            strategy: Annotated[str, typer.Option(help="a PaRO strategy, e.g. GGG")],
+            nodes: Annotated[int, typer.Option()],
+            procs_per_node: Annotated[int, typer.Option()]) -> None:
+    """Checkpoint and relaunch the ranks on another layout."""
+    _steer(ctx, lambda client: client.reshard(job_id, strategy, nodes, procs_per_node))
+
+
+@jobs.command("set")
+def set_values(ctx: typer.Context, job_id: JobId,
+               values: Annotated[list[str], typer.Argument(help="KEY=VALUE (VALUE as JSON, "
+                                                           "else a string)")]) -> None:
+    """Change settings of a running job, e.g. `train.lr=0.001`."""
+    parsed = dict(_assignment(value) for value in values)
+    _steer(ctx, lambda client: client.set(job_id, parsed))
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"{text!r} is not KEY=VALUE", param_hint="VALUES")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+@jobs.command("cancel")
+def cancel(ctx: typer.Context, job_id: JobId) -> None:
+    """Stop a job for good."""
+    _steer(ctx, lambda client: client.cancel(job_id))
+
+
+@jobs.command("clone")
+def clone(ctx: typer.Context, job_id: JobId,
+          name: Annotated[str | None, typer.Option(help="default: the original's")] = None,
+          checkpoint: Annotated[int | None, typer.Option(help="start from this disk "
+                                                         "checkpoint of the original")] = None,
+          ) -> None:
+    """A new job from this one's spec."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.clone(job_id, name, checkpoint), render.launched)
+
+
+@checkpoints.command("list")
+def list_checkpoints(ctx: typer.Context, job_id: JobId) -> None:
+    """A job's checkpoints, oldest first."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.checkpoints(job_id), render.checkpoints)
+
+
+@checkpoints.command("export")
+def export(ctx: typer.Context, job_id: JobId,
+           checkpoint_id: Annotated[int, typer.Argument(help="the checkpoint's id")]) -> None:
+    """Export a checkpoint as a model others can load."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.export_checkpoint(job_id, checkpoint_id), render.fields)
+
+
+@app.command()
+def plan(ctx: typer.Context,
+         preset: Annotated[str | None, typer.Option(help="model preset (server default: "
+                                                    "tiny)")] = None,
+         nodes: Annotated[int | None, typer.Option()] = None,
+         procs_per_node: Annotated[int | None, typer.Option()] = None,
+         grad_accum: Annotated[int | None, typer.Option()] = None,
+         collective: Annotated[str | None, typer.Option()] = None,
+         memory_budget_gb: Annotated[float | None, typer.Option(help="model-state memory per "
+                                                                "device")] = None) -> None:
+    """The PaRO planner: memory per device and predicted step time of every strategy."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.plan(preset=preset, nodes=nodes, procs_per_node=procs_per_node,
+                           grad_accum=grad_accum, collective=collective,
+                           memory_budget_gb=memory_budget_gb), render.plan)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI on `argv` (default: the process's arguments); the exit code."""
+    try:
+        app(args=argv, prog_name="ringside")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else int(done.code is not None)
+    except ApiError as e:
+        err = Console(stderr=True)
+        for line in e.messages():
+            err.print(f"error: {line}", markup=False, highlight=False)
+        return API_ERROR
+    return 0

@@ -1,0 +1,164 @@
+"""How the CLI shows the API's answers to a person: rich tables, and a followed job's progress.
+(`--json` bypasses all of this and prints the answer as it came.)"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+GB = 1e9
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    return Table(*columns, title=title, title_justify="left")
+
+
+def _step(job: dict[str, Any]) -> str:
+    return f"{job.get('step') or 0}/{job.get('total_steps') or '?'}"
+
+
+def jobs(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = _table("id", "name", "state", "step", "owner", "created")
+    for job in rows:
+        table.add_row(str(job["id"]), job["name"], job["state"], _step(job), job["owner"],
+                      job["created_at"][:19])
+    console.print(table)
+
+
+def job(console: Console, job: dict[str, Any]) -> None:
+    table = _table("field", "value", title=f"job {job['id']}")
+    parallel = job["spec"].get("parallel", {})
+    table.add_row("name", job["name"])
+    table.add_row("state", job["state"])
+    table.add_row("step", _step(job))
+    table.add_row("model", str(job["spec"].get("model", {}).get("preset", "custom")))
+    table.add_row("layout", f"{parallel.get('nodes', 1)}×{parallel.get('procs_per_node', 1)} "
+                  f"{parallel.get('strategy', 'NNN')}")
+    for field in ("owner", "created_at", "started_at", "finished_at", "resume_from", "error"):
+        if job.get(field):
+            table.add_row(field, str(job[field]))
+    console.print(table)
+
+
+def events(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = _table("time", "from", "to", "cause", "actor", "message")
+    for e in rows:
+        table.add_row(e["time"][:19], e["from_state"], e["to_state"], e["cause"], e["actor"],
+                      e["message"])
+    console.print(table)
+
+
+def metrics(console: Console, series: dict[str, dict[str, list]]) -> None:
+    table = _table("metric", "points", "first step", "last step", "last", "min", "max")
+    for name, s in series.items():
+        if not s["step"]:
+            continue
+        low = [v for v in s["min"] if v is not None]
+        high = [v for v in s["max"] if v is not None]
+        table.add_row(name, str(len(s["step"])), str(s["step"][0]), str(s["step"][-1]),
+                      _num(s["value"][-1]), _num(min(low, default=None)),
+                      _num(max(high, default=None)))
+    console.print(table)
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def command(console: Console, cmd: dict[str, Any]) -> None:
+    args = " ".join(f"{k}={v}" for k, v in cmd["args"].items())
+    console.print(f"{cmd['kind']} {args}".rstrip() + f": command {cmd['id']} {cmd['state']}")
+
+
+def launched(console: Console, job: dict[str, Any]) -> None:
+    console.print(f"job {job['id']} ({job['name']}) {job['state']}")
+
+
+def checkpoints(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = _table("id", "step", "tier", "strategy", "ranks", "size (MB)", "available")
+    for c in rows:
+        table.add_row(str(c["id"]), str(c["step"]), c["tier"], c["strategy"],
+                      str(c["world_size"]), f"{(c['size_bytes'] or 0) / 1e6:.1f}",
+                      "yes" if c["available"] else "deleted")
+    console.print(table)
+
+
+def fields(console: Console, answer: dict[str, Any]) -> None:
+    """An answer whose shape this client does not know in advance: one row per field."""
+    table = _table("field", "value")
+    for key, value in answer.items():
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def plan(console: Console, answer: dict[str, Any]) -> None:
+    table = _table("strategy", "params GB", "grads GB", "optim GB", "total GB", "step ms",
+                   "fits", title=f"per device, budget {answer['memory_budget_bytes'] / GB:g} GB")
+    for row in answer["plans"]:
+        memory = row["memory_bytes"]
+        table.add_row(row["strategy"], *(f"{memory[k] / GB:.3f}" for k in
+                                         ("params", "grads", "optim", "total")),
+                      f"{row['step_time_s'] * 1e3:.1f}", "yes" if row["fits"] else "no")
+    console.print(table)
+
+
+class Follow:
+    """A followed job on the console: a progress bar with step, loss and tokens/s on a
+    terminal (a line every few seconds elsewhere, for logs), and a line for every anomaly,
+    action and state change."""
+
+    LOG_EVERY_S = 5.0
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), console=console, disable=not self.live)
+        self.task = self.progress.add_task("job", total=None, loss="—", tps="—")
+        self.logged_at = 0.0
+
+    def __enter__(self) -> Follow:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "snapshot":
+            job = message["job"]
+            self.progress.update(self.task, description=f"job {job['id']} {job['name']}",
+                                 total=job["total_steps"], completed=job["step"] or 0)
+            self._note(f"{job['state']} at step {job['step'] or 0}")
+        elif kind == "step":
+            self._step(message)
+        elif kind == "job":
+            self.progress.update(self.task, total=message.get("total_steps"))
+            error = f": {message['error']}" if message.get("error") else ""
+            self._note(f"{message['state']} at step {message.get('step') or 0}{error}")
+        elif kind == "anomaly":
+            self._note(f"[red]anomaly[/] {message['kind']} ({message['severity']}) "
+                       f"at step {message['step']}, rank {message.get('rank')}")
+        elif kind == "action":
+            by = message.get("by") or "?"
+            self._note(f"[yellow]action[/] {message['action']} by {by} at step {message['step']}")
+
+    def _step(self, event: dict[str, Any]) -> None:
+        rate = event.get("tokens_per_s")
+        loss, tps = _num(event.get("loss")), "—" if rate is None else f"{rate:,.0f}"
+        self.progress.update(self.task, completed=event["step"], loss=loss, tps=tps)
+        now = time.monotonic()
+        if not self.live and now - self.logged_at >= self.LOG_EVERY_S:
+            self.logged_at = now
+            total = self.progress.tasks[0].total
+            self.console.print(f"step {event['step']}/{total or '?'} loss {loss} {tps} tok/s")
+
+    def _note(self, line: str) -> None:
+        self.console.print(line)
