@@ -28,7 +28,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import Glm4MoeConfig, Glm4MoeForCausalLM  # noqa: E402
+from transformers import Glm4MoeForCausalLM  # noqa: E402
 
 from bench.side_by_side import (  # noqa: E402
     add_target_arguments,
@@ -36,27 +36,17 @@ from bench.side_by_side import (  # noqa: E402
     target_from_args,
     time_round_robin,
 )
+from engine.export import glm4moe_config  # noqa: E402
 from engine.moe import MoEModel, param_count, preset  # noqa: E402
 
 BATCH, SEQ = 8, 256  # the issue's tiny-model step
 
 
 def glm4moe_like(config, experts_implementation: str) -> Glm4MoeForCausalLM:
-    c = config
-    hf_config = Glm4MoeConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta,
-                         "partial_rotary_factor": c.partial_rotary_factor},
-        moe_intermediate_size=c.moe_intermediate_size, num_experts_per_tok=c.num_experts_per_tok,
-        n_shared_experts=c.num_shared_experts, n_routed_experts=c.num_experts,
-        routed_scaling_factor=c.routed_scaling_factor, n_group=c.n_group,
-        topk_group=c.topk_group, first_k_dense_replace=c.first_k_dense_replace,
-        norm_topk_prob=c.norm_topk_prob, use_qk_norm=c.use_qk_norm, num_mtp_layers=0,
-        use_cache=False, attn_implementation="sdpa",
-    )
+    """transformers' model of the same shapes, configured as our export configures it."""
+    hf_config = glm4moe_config(config)
+    hf_config.use_cache = False
+    hf_config._attn_implementation = "sdpa"
     hf_config._experts_implementation = experts_implementation
     return Glm4MoeForCausalLM(hf_config)
 
