@@ -21,7 +21,3 @@ def find(directories: Iterable[str | os.PathLike[str]], *, step: int | None = No
         chosen = [c for c in good if step is not None and c.step <= step]
     return max(chosen, key=lambda c: c.step, default=None)
 
-
-def any_checkpoint(directories: Iterable[str | os.PathLike[str]]) -> bool:
-    """Whether any of `directories` holds a checkpoint, good or not."""
-    return any(list_checkpoints(d) for d in directories)
