@@ -119,10 +119,10 @@ class EventLog:
         """Stamp `event` with the job, the time and the next sequence number, write it and
         return its wire form (`event.to_dict()`). `emit(type, step, **fields)` is the untyped
         form that writers outside the engine (platform tests, benchmarks) still use."""
+        if isinstance(event, str) and event not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {event!r}; valid: {', '.join(EVENT_TYPES)}")
         self.seq += 1
         if isinstance(event, str):
-            if event not in EVENT_TYPES:
-                raise ValueError(f"unknown event type {event!r}; valid: {', '.join(EVENT_TYPES)}")
             wire = _jsonable({"type": event, "job": self.job, "step": step, "time": time.time(),
                               "seq": self.seq, **fields})
         else:
