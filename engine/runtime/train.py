@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from engine.anomaly import FaultInjector, FaultManager
 from engine.checkpoint import Checkpointer
-from engine.contract import Event, StateEvent
+from engine.contract import Event, StateEvent, checkpoint_dir
 from engine.horing import Topology
 from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
@@ -123,7 +123,7 @@ class Trainer:
     def _checkpointer(self) -> Checkpointer:
         c, p = self.spec.checkpoint, self.spec.parallel
         return Checkpointer(
-            c.dir or self.run_dir / "checkpoints", rank=self.rank, world_size=self.world_size,
+            checkpoint_dir(c.dir, self.run_dir), rank=self.rank, world_size=self.world_size,
             keep=c.keep, every=c.every, memory_every=c.memory_every,
             memory_dir="auto" if c.memory_every > 0 else None,
             meta={"strategy": self.strategy, "nodes": p.nodes,
