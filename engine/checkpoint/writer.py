@@ -42,7 +42,7 @@ from engine.checkpoint.layout import (
     step_dir_name,
     write_atomic,
 )
-from engine.contract import memory_dir as default_memory_dir
+from engine.contract import memory_dir as default_memory_dir  # engine.checkpoint exports it
 
 if TYPE_CHECKING:
     from engine.checkpoint.reader import CheckpointReader
