@@ -11,21 +11,19 @@ let one save persist while the next one copies; a third save waits for the first
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import os
 import pickle
 import queue
 import re
 import shutil
-import tempfile
 import threading
 import time
 import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,6 +42,10 @@ from engine.checkpoint.layout import (
     step_dir_name,
     write_atomic,
 )
+from engine.contract import memory_dir as default_memory_dir  # engine.checkpoint exports it
+
+if TYPE_CHECKING:
+    from engine.checkpoint.reader import CheckpointReader
 
 # name -> (local flat shard, global element offset, global length), as
 # ShardedDataParallel.sharded_state() returns; a replicated tensor is (t, 0, t.numel()).
@@ -53,11 +55,12 @@ _ALIGN = 64
 _STAGING_BUFFERS = 2
 
 
-def default_memory_dir(directory: str | os.PathLike[str]) -> Path:
-    """The memory-tier folder for a checkpoint directory: the same on every restart."""
-    key = hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
-    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return root / f"ringside-ckpt-{key}"
+class Stateful(Protocol):
+    """A part of the training state that a checkpoint carries in its extras."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -83,6 +86,9 @@ class Checkpointer:
     facts stored in every manifest (strategy, nodes, procs_per_node...). run_id: a string
     equal on all ranks of this incarnation of the job; by default rank 0 draws one and
     broadcasts it over `group` (a collective), or draws it alone when the world is 1.
+    parts: the stateful parts of the training state besides the shards (name -> an object
+    with `state_dict()` / `load_state_dict()`), saved as the extras and loaded by
+    `load_parts()`.
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class Checkpointer:
         meta: dict[str, Any] | None = None,
         run_id: str | None = None,
         group: Any = None,
+        parts: dict[str, Stateful] | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -115,6 +122,7 @@ class Checkpointer:
         self.keep, self.memory_keep = keep, memory_keep
         self.every, self.memory_every = every, memory_every
         self.meta = dict(meta or {})
+        self.parts = dict(parts or {})
         self.run_id = run_id or _agree_on_run_id(world_size, group)
         self.saves = 0
         self.last_blocking_s = 0.0
@@ -139,6 +147,11 @@ class Checkpointer:
             return "memory"
         return None
 
+    @property
+    def tiers(self) -> list[Path]:
+        """Where this checkpointer's checkpoints are, fastest first."""
+        return [d for d in (self.memory_dir, self.directory) if d is not None]
+
     def save(
         self, step: int, tensors: ShardedState, extras: Any = None, *, to_disk: bool = True
     ) -> float:
@@ -147,7 +160,8 @@ class Checkpointer:
         Collective in the sense that every rank must make the same sequence of save calls
         (same steps, same `to_disk`). The shards may be changed as soon as this returns.
         `extras` is any picklable object of this rank (step, schedule, data position, RNG
-        states, detector state); `to_disk=False` writes the memory tier only.
+        states, detector state), by default `{name: part.state_dict()}` of the `parts`;
+        `to_disk=False` writes the memory tier only.
         """
         started = time.perf_counter()
         self._raise_if_failed()
@@ -157,6 +171,8 @@ class Checkpointer:
             raise ValueError(f"step must be >= 0, got {step}")
         if not to_disk and self.memory_dir is None:
             raise CheckpointError("to_disk=False needs a memory tier, but memory_dir is None")
+        if extras is None and self.parts:
+            extras = {name: part.state_dict() for name, part in self.parts.items()}
         shards, nbytes = _plan(tensors)
         extras_bytes = pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
         total = nbytes + len(extras_bytes)
@@ -185,6 +201,13 @@ class Checkpointer:
         )
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
+
+    def load_parts(self, reader: CheckpointReader) -> None:
+        """Give every part its state from an open checkpoint's extras (saved rank 0's: the
+        parts hold only facts every rank shares)."""
+        extras = reader.extras(0)
+        for name, part in self.parts.items():
+            part.load_state_dict(extras[name])
 
     def wait(self) -> None:
         """Block until every queued save of this rank is persisted; raise if one failed.

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine.contract import ExitCode
 from engine.runtime.launch import RunDirInUse, RunTarget, launch
 from engine.runtime.spec import SpecError, parse_spec
 
@@ -43,17 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(args.spec.read_text(encoding="utf-8"))
     except FileNotFoundError:
         print(f"spec: no such file: {args.spec}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except ValueError as e:
         print(f"spec: {args.spec} is not valid JSON: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         spec = parse_spec(data)
     except SpecError as e:
         print(f"spec: {args.spec} is invalid:", file=sys.stderr)
         for field, message in e.errors.items():
             print(f"  {field or '(root)'}: {message}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     run_dir = args.run_dir or Path("runs") / spec.name
     target = RunTarget(
         run_dir=run_dir,
@@ -67,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
         return launch(spec, target)
     except RunDirInUse as e:
         print(f"run: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE

@@ -1,42 +1,20 @@
 """The control channel: commands a person (or the platform) sends to a running job.
 
-A command is `{id, kind, args}` with `kind` one of `COMMAND_KINDS`. Rank 0 reads them at
-step boundaries without ever blocking a step: from the Redis stream `control_stream(job)`
-when the job runs on the bus, else from the JSONL file `<run dir>/control.jsonl` (append a
-line to steer a command-line run). The training loop broadcasts what rank 0 read so every
+A command is an `engine.contract.Command`, `{id, kind, args}`. Rank 0 reads them at step
+boundaries without ever blocking a step: from the Redis stream `control_stream(job)` when the
+job runs on the bus, else from the JSONL file `<run dir>/control.jsonl` (append a line to
+steer a command-line run). The training loop broadcasts what rank 0 read so every
 rank acts at the same step, and acknowledges each command id with an `action` event.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.events import BusOutage, bus_client, bus_unreachable, control_stream
-
-COMMAND_KINDS = ("pause", "resume", "cancel", "checkpoint", "rollback", "reshard")
-
-
-@dataclass
-class Command:
-    id: str
-    kind: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, data: Any) -> Command:
-        """A command from its JSON form; ValueError names the bad field."""
-        if not isinstance(data, dict):
-            raise ValueError("command: must be a JSON object")
-        kind = data.get("kind")
-        if kind not in COMMAND_KINDS:
-            raise ValueError(f"command.kind: must be one of {', '.join(COMMAND_KINDS)}")
-        args = data.get("args", {})
-        if not isinstance(args, dict):
-            raise ValueError("command.args: must be an object")
-        return cls(id=str(data.get("id", "")), kind=kind, args=args)
+from engine.contract import Command, ContractError, control_stream
+from engine.runtime.events import BusOutage, bus_client, bus_unreachable
 
 
 class ControlChannel:
@@ -66,8 +44,8 @@ class ControlChannel:
         commands = []
         for item in raw:
             try:
-                command = Command.parse(item)
-            except ValueError as e:
+                command = Command.from_dict(item)
+            except ContractError as e:
                 self.errors.append(str(e))
                 continue
             if command.id not in self._seen:

@@ -1,6 +1,7 @@
 """The event log: rank 0 writes every event to a JSONL file and, when given a bus, to Redis.
 
-Each event is `{type, job, step, time, seq, ...}`. `seq` numbers a job's events 1, 2, 3...
+Each event is a typed `engine.contract` event; its wire form is `{type, job, step, time, seq,
+...}`. `seq` numbers a job's events 1, 2, 3...
 across restarts of the engine: a new `EventLog` continues after the last sequence number
 already in its file or stream. On the bus, the entry id of event `seq` is `"<seq>-0"` in the
 stream `ringside:job:<job>:events`, with the event JSON in the entry's `event` field, so a
@@ -9,28 +10,26 @@ reader can resume from any sequence number with a plain XREAD/XREADGROUP.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import math
 import time
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.contract import EVENT_TYPES, Event, _jsonable, control_stream, events_stream
+
 if TYPE_CHECKING:
     import redis
 
+__all__ = ["BusOutage", "EventLog", "bus_client", "bus_unreachable", "control_stream",
+           "events_stream", "read_events"]
+
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = ("state", "step", "ops", "experts", "anomaly", "action", "checkpoint", "log")
-
-
-def events_stream(job: str) -> str:
-    return f"ringside:job:{job}:events"
-
-
-def control_stream(job: str) -> str:
-    return f"ringside:job:{job}:control"
+# the wire form's leading keys, in the order every reader of the JSONL file has seen
+_HEAD = ("type", "job", "step", "time", "seq")
 
 
 # While the bus is unreachable, it is tried again at most this often (a try that fails on a
@@ -84,17 +83,6 @@ class BusOutage:
         self._retry_at = 0.0
 
 
-def _jsonable(value: Any) -> Any:
-    """NaN and infinities are not JSON; they travel as strings so a NaN loss stays visible."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 class EventLog:
     """Appends events for one job; safe to create anew after a crash (sequence continues).
 
@@ -127,16 +115,22 @@ class EventLog:
                 last = max(last, int(newest[0][0].split(b"-")[0]))
         self.seq = last
 
-    def emit(self, type: str, step: int, **fields: Any) -> dict[str, Any]:
-        if type not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {type!r}; valid: {', '.join(EVENT_TYPES)}")
+    def emit(self, event: Event | str, step: int = 0, **fields: Any) -> dict[str, Any]:
+        """Stamp `event` with the job, the time and the next sequence number, write it and
+        return its wire form (`event.to_dict()`). `emit(type, step, **fields)` is the untyped
+        form that writers outside the engine (platform tests, benchmarks) still use."""
+        if isinstance(event, str) and event not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {event!r}; valid: {', '.join(EVENT_TYPES)}")
         self.seq += 1
-        self.last_step = step
-        event = _jsonable(
-            {"type": type, "job": self.job, "step": step, "time": time.time(), "seq": self.seq,
-             **fields}
-        )
-        line = json.dumps(event, separators=(",", ":"))
+        if isinstance(event, str):
+            wire = _jsonable({"type": event, "job": self.job, "step": step, "time": time.time(),
+                              "seq": self.seq, **fields})
+        else:
+            wire = dataclasses.replace(event, job=self.job, time=time.time(),
+                                       seq=self.seq).to_dict()
+            wire = {key: wire[key] for key in _HEAD} | wire
+        self.last_step = wire["step"]
+        line = json.dumps(wire, separators=(",", ":"))
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
@@ -144,7 +138,7 @@ class EventLog:
             self._unsent.append((self.seq, line))
             if self._outage.may_try():
                 self._publish()
-        return event
+        return wire
 
     def _publish(self) -> bool:
         """Hand the bus what it has not taken yet, oldest first; False if it is unreachable."""

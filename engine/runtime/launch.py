@@ -11,7 +11,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +20,24 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from engine.checkpoint import default_memory_dir, list_checkpoints
+from engine.checkpoint import list_checkpoints
+from engine.contract import (
+    ActionBy,
+    ActionEvent,
+    AnomalyEvent,
+    Event,
+    ExitCode,
+    StateEvent,
+    checkpoint_dir,
+    checkpoint_tiers,
+    memory_dir,
+)
+from engine.ports import free_port
+from engine.runtime.commands import Outcome
 from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
 from engine.runtime.spec import JobSpec, parse_spec, with_layout
-from engine.runtime.train import Outcome, Trainer
-
-EXIT_COMPLETED = 0
-EXIT_FAILED = 1
-EXIT_PAUSED = 3  # a checkpoint was written; `--resume` continues the run
-EXIT_CANCELLED = 4  # by a cancel command (a signal exits 128 + its number)
+from engine.runtime.train import Trainer
 
 
 class RunDirInUse(RuntimeError):
@@ -49,16 +56,12 @@ class RunTarget:
     resume_from: Path | None = None
     metrics_port: int | None = None  # rank 0 serves Prometheus text at /metrics
 
-    def emit(self, type: str, step: int, **fields: object) -> None:
+    def emit(self, event: Event) -> None:
         log = EventLog(self.job, self.events_path, self.bus_url)
         try:
-            log.emit(type, step, **fields)
+            log.emit(event)
         finally:
             log.close()
-
-
-def checkpoint_dir(spec: JobSpec, target: RunTarget) -> Path:
-    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else target.run_dir / "checkpoints"
 
 
 def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Path] | None:
@@ -67,8 +70,7 @@ def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Pa
     if target.resume_from is not None:
         return [target.resume_from]
     if restarted:
-        directory = checkpoint_dir(spec, target)
-        tiers = [default_memory_dir(directory), directory]
+        tiers = checkpoint_tiers(checkpoint_dir(spec.checkpoint.dir, target.run_dir))
         if any(list_checkpoints(d) for d in tiers):
             return tiers
     return None
@@ -87,12 +89,13 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
         if restarted and not list((target.run_dir / "faults").glob("hang-*.json")):
             # a rank died (a hang leaves its own report): say so before resuming
             restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-            events.emit("anomaly", events.last_step, kind="crash", severity="error", rank=None,
-                        evidence={"restart": restarts,
-                                  "max_restarts": spec.faults.policy.max_restarts})
-            events.emit("action", events.last_step, action="restart", anomaly="crash",
-                        by="policy", reason=f"restart {restarts} of at most "
-                                            f"{spec.faults.policy.max_restarts}")
+            most = spec.faults.policy.max_restarts
+            events.emit(AnomalyEvent(step=events.last_step, kind="crash", severity="error",
+                                     rank=None,
+                                     evidence={"restart": restarts, "max_restarts": most}))
+            events.emit(ActionEvent(step=events.last_step, action="restart", anomaly="crash",
+                                    by=ActionBy.POLICY,
+                                    reason=f"restart {restarts} of at most {most}"))
     try:
         trainer = Trainer(spec, target.run_dir, events, resume_sources(spec, target, restarted),
                           control, target.metrics_port)
@@ -103,12 +106,6 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
                 channel.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _failure_message(error: ChildFailedError) -> str:
@@ -125,31 +122,31 @@ def _failure_message(error: ChildFailedError) -> str:
 
 def launch(spec: JobSpec, target: RunTarget) -> int:
     """Run every rank of the job to the end; returns the process exit code."""
-    directory = checkpoint_dir(spec, target)
+    directory = checkpoint_dir(spec.checkpoint.dir, target.run_dir)
     if target.resume_from is None and list_checkpoints(directory):
         raise RunDirInUse(
             f"{directory} already holds checkpoints of an earlier run: resume it with "
             f"--resume {directory}, or start afresh in another --run-dir"
         )
     if target.resume_from is None:  # a memory snapshot left by an earlier job is not ours
-        shutil.rmtree(default_memory_dir(directory), ignore_errors=True)
+        shutil.rmtree(memory_dir(directory), ignore_errors=True)
     target.run_dir.mkdir(parents=True, exist_ok=True)
-    target.emit("state", 0, state="starting", world_size=spec.parallel.world_size)
+    target.emit(StateEvent(step=0, state="starting", world_size=spec.parallel.world_size))
     while True:
         try:
             outcome = _launch_once(spec, target)
         except ChildFailedError as e:
-            target.emit("state", 0, state="failed", error=_failure_message(e))
-            return EXIT_FAILED
+            target.emit(StateEvent(step=0, state="failed", error=_failure_message(e)))
+            return ExitCode.FAILED
         except (SignalException, KeyboardInterrupt) as e:
             signum = getattr(e, "sigval", signal.SIGINT)
-            target.emit("state", 0, state="cancelled",
-                        reason=f"signal {signal.Signals(signum).name}")
+            target.emit(StateEvent(step=0, state="cancelled",
+                                   reason=f"signal {signal.Signals(signum).name}"))
             return 128 + int(signum)
         except Exception as e:  # the launcher itself failed: say so rather than vanish
-            target.emit("state", 0, state="failed", error=f"launcher: {e}",
-                        traceback=traceback.format_exc())
-            return EXIT_FAILED
+            target.emit(StateEvent(step=0, state="failed", error=f"launcher: {e}",
+                                   traceback=traceback.format_exc()))
+            return ExitCode.FAILED
         if outcome.kind != "reshard":
             break
         # relaunch on the new layout, loading the checkpoint the old one just wrote; the
@@ -158,12 +155,12 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
         micro_batch = spec.train.micro_batch * spec.parallel.world_size // world
         spec = parse_spec(with_layout(spec.to_dict(), outcome.parallel, micro_batch))
         target = dataclasses.replace(target, resume_from=directory)
-        target.emit("state", outcome.step, state="resharding", parallel=outcome.parallel,
-                    micro_batch=micro_batch)
-    final = {"completed": ("completed", EXIT_COMPLETED), "pause": ("paused", EXIT_PAUSED),
-             "cancel": ("cancelled", EXIT_CANCELLED)}
+        target.emit(StateEvent(step=outcome.step, state="resharding",
+                               parallel=outcome.parallel, micro_batch=micro_batch))
+    final = {"completed": ("completed", ExitCode.COMPLETED), "pause": ("paused", ExitCode.PAUSED),
+             "cancel": ("cancelled", ExitCode.CANCELLED)}
     state, code = final[outcome.kind]
-    target.emit("state", outcome.step, state=state)
+    target.emit(StateEvent(step=outcome.step, state=state))
     return code
 
 
@@ -175,7 +172,7 @@ def _launch_once(spec: JobSpec, target: RunTarget) -> Outcome:
         run_id=target.job,
         role="rank",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=spec.faults.policy.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",

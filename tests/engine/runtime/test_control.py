@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.contract import ExitCode
 from engine.runtime.control import send
 from engine.runtime.events import read_events
-from engine.runtime.launch import EXIT_PAUSED
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -74,7 +74,7 @@ class Run:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             pytest.fail(f"the run did not finish:\n{self.output()}")
-        assert self.proc.returncode in (0, EXIT_PAUSED), self.output()
+        assert self.proc.returncode in (0, ExitCode.PAUSED), self.output()
         return self.proc.returncode
 
 
@@ -90,7 +90,7 @@ def test_pause_then_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
     paused = Run(tmp_path, nano("paused"))
     paused.wait_for(lambda e: e["type"] == "step" and e["step"] >= 3)
     paused.command("pause")
-    assert paused.finish() == EXIT_PAUSED
+    assert paused.finish() == ExitCode.PAUSED
     action = next(e for e in paused.events() if e["type"] == "action")
     assert (action["action"], action["command"]) == ("pause", "test-pause")
     pause_step = action["step"]

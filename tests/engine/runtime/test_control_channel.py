@@ -67,7 +67,7 @@ def test_the_control_file_reads_only_complete_new_lines(tmp_path):
     with (tmp_path / "control.jsonl").open("a") as f:
         f.write(': 1}}\n{"kind": "launch"}\nnot json\n')
     (reshard,) = channel.poll()
-    assert reshard == Command(reshard.id, "reshard", {"nodes": 1})
+    assert reshard == Command(id=reshard.id, kind="reshard", args={"nodes": 1})
     assert channel.errors == [
         "command: not JSON: 'not json'",
         "command.kind: must be one of pause, resume, cancel, checkpoint, rollback, reshard",

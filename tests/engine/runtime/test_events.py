@@ -6,6 +6,7 @@ import threading
 
 import redis
 
+from engine.contract import ActionEvent, parse_event
 from engine.runtime import events as events_module
 from engine.runtime.events import EventLog, events_stream, read_events
 
@@ -87,3 +88,16 @@ def test_closing_the_log_waits_for_the_bus_to_take_what_it_missed(own_redis, mon
     log.close()
     back.join()
     assert _stream_steps(own_redis.url, "closing") == [(b"1-0", 1), (b"2-0", 1)]
+
+
+def test_a_typed_event_is_stamped_and_written_in_its_wire_form(tmp_path):
+    log = EventLog("job-2", tmp_path / "events.jsonl")
+    wire = log.emit(ActionEvent(step=4, action="lr_cut", by="policy", details={"lr_factor": 0.1}))
+    log.close()
+    (written,) = read_events(tmp_path / "events.jsonl")
+    assert written == wire
+    assert list(wire)[:5] == ["type", "job", "step", "time", "seq"]
+    assert (wire["job"], wire["seq"], wire["lr_factor"]) == ("job-2", 1, 0.1)
+    assert parse_event(wire) == ActionEvent(step=4, job="job-2", time=wire["time"], seq=1,
+                                            action="lr_cut", by="policy",
+                                            details={"lr_factor": 0.1})

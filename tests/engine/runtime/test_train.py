@@ -12,8 +12,8 @@ import pytest
 
 from engine.runtime.events import read_events
 from engine.runtime.launch import RunTarget, launch
+from engine.runtime.schedule import lr_at
 from engine.runtime.spec import parse_spec
-from engine.runtime.train import lr_at
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,0 +1,112 @@
+"""The run's checkpoints: saves announced as `checkpoint` events, resume from a folder, and
+the in-process rollback that policy and commands share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from engine.checkpoint import Checkpointer, CheckpointReader, inspect, restore
+from engine.checkpoint.layout import step_dir_name
+from engine.checkpoint.lookup import find
+from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
+from engine.paro import ShardedDataParallel
+from engine.runtime.commands import CommandRefused
+from engine.runtime.state import TrainState
+from engine.xputimer import OpTimer
+
+
+class TrainCheckpoints:
+    """Every rank's; `ckpt` carries `state` as its "train" part, the shards come from `dp`."""
+
+    def __init__(self, ckpt: Checkpointer, dp: ShardedDataParallel, state: TrainState,
+                 timer: OpTimer, emit: Callable[[Event], None]):
+        self.ckpt, self.dp, self.state, self.timer, self.emit = ckpt, dp, state, timer, emit
+
+    def save(self, to_disk: bool = True) -> Path:
+        shards = self.dp.sharded_state()
+        with self.timer.op("checkpoint", kind="host"):  # the blocking part: the copy to host
+            blocking_s = self.ckpt.save(self.state.step, shards, to_disk=to_disk)
+        directory = self.ckpt.directory if to_disk else self.ckpt.memory_dir
+        path = directory / step_dir_name(self.state.step)
+        self.emit(CheckpointEvent(
+            step=self.state.step, path=str(path), tier="disk" if to_disk else "memory",
+            blocking_s=blocking_s,
+            size_bytes=sum(length * t.element_size() for t, _, length in shards.values()),
+            strategy=self.ckpt.meta["strategy"], world_size=self.ckpt.world_size,
+        ))
+        return path
+
+    def save_if_due(self) -> None:
+        tier = self.ckpt.due(self.state.step)
+        if tier is not None:
+            self.save(to_disk=tier == "disk")
+
+    def save_final(self) -> None:
+        """A finished run always leaves its final state on disk."""
+        if self.ckpt.due(self.state.step) != "disk":
+            self.save()
+
+    def persist(self) -> None:
+        """Wait until every rank's queued checkpoints are on disk (before this run exits)."""
+        self.ckpt.wait()
+        dist.barrier()
+
+    def load(self, reader: CheckpointReader) -> None:
+        """Take the whole training state from an open checkpoint (any layout)."""
+        self.dp.load_sharded_state(reader.read)
+        self.ckpt.load_parts(reader)
+
+    def resume(self, sources: list[Path]) -> None:
+        """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
+        one checkpoint folder); corrupt ones are skipped, each with an anomaly event."""
+        if len(sources) == 1 and (sources[0] / "MANIFEST.json").exists():
+            with CheckpointReader(inspect(sources[0])) as reader:
+                self.load(reader)
+            path = sources[0]
+        else:
+            restored = restore(sources, self.load)
+            for bad in restored.skipped:
+                self.emit(AnomalyEvent(step=self.state.step, kind="checkpoint_corrupt",
+                                       severity="warning", rank=None,
+                                       evidence={"path": str(bad.path), "problem": bad.problem}))
+            if restored.checkpoint is None:
+                raise FileNotFoundError(
+                    f"resume: no good checkpoint in {', '.join(str(d) for d in sources)}"
+                )
+            path = restored.checkpoint.path
+        self.emit(LogEvent(step=self.state.step, level="info",
+                           message=f"resumed at step {self.state.step} from {path}"))
+
+    def rollback(self, step: int | None, name: str | None, skip_data: bool) -> dict:
+        """Go back to a kept checkpoint in-process: the one named, or the newest at or before
+        `step`. With skip_data the loader keeps its position, so the window between that
+        checkpoint and now is not trained on again."""
+        self.ckpt.wait()
+        dist.barrier()
+        target = find(self.ckpt.tiers, step=step, name=name)
+        if target is None:
+            raise CommandRefused(f"rollback: no good checkpoint matches {name or step}")
+        state = self.state
+        from_step, position = state.step, state.loader.position
+        # the live ladder remembers the rollbacks and retries just taken, which the older
+        # checkpoint does not: only the detectors go back
+        ladder = state.faults.ladder.state_dict()
+        with CheckpointReader(target) as reader:
+            self.load(reader)
+        state.faults.ladder.load_state_dict(ladder)
+        if skip_data:
+            state.loader.position = position
+        self.ckpt.forget_after(state.step)
+        # no rank saves the new timeline's first checkpoint while another still deletes the
+        # abandoned one's folders (a folder of the same step would be deleted under it)
+        dist.barrier()
+        return {"checkpoint": str(target.path), "to_step": state.step, "from_step": from_step,
+                "skip_data": skip_data}
+
+    def close(self, drop_memory_tier: bool = False) -> None:
+        if drop_memory_tier:  # the memory tier is shared: no rank drops it while one writes
+            self.persist()
+        self.ckpt.close(drop_memory_tier=drop_memory_tier)

@@ -1,0 +1,151 @@
+"""Commands from a person or the platform: read between steps, carried out on every rank.
+
+`CommandInbox` is rank 0's reader made collective: rank 0 polls the control channel without
+blocking, the number of commands it holds rides the step's metrics all-reduce (steering costs
+no collective of its own until a command arrives), and `take` broadcasts that many so every
+rank acts on the same commands at the same step. `CommandHandler` carries out one command, or
+refuses it with the reason, answering each with an `action` event that names its id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch.distributed as dist
+
+from engine.contract import ActionBy, ActionEvent, Command, CommandKind, Event
+from engine.runtime.control import ControlChannel
+from engine.runtime.spec import JobSpec, SpecError, parse_spec, with_layout
+
+Emit = Callable[[Event], None]
+
+
+class CommandRefused(ValueError):
+    """A command that cannot be carried out now; it is answered with a `refused` action."""
+
+
+@dataclass
+class Outcome:
+    """How a run of the ranks ended: completed, pause, cancel or reshard (to `parallel`)."""
+
+    kind: str
+    step: int
+    parallel: dict | None = None
+
+
+def broadcast_from_rank0(box: list[Any]) -> None:
+    dist.broadcast_object_list(box, src=0)
+
+
+class CommandInbox:
+    """`channel` is rank 0's (None on the other ranks); `broadcast` fills a one-item box on
+    every rank with rank 0's item."""
+
+    def __init__(self, channel: ControlChannel | None, emit: Emit,
+                 broadcast: Callable[[list[Any]], None] = broadcast_from_rank0):
+        self.channel = channel
+        self.emit = emit
+        self.broadcast = broadcast
+        self.pending: list[Command] = []  # read, not yet taken
+        self.due = 0  # how many of them every rank takes after this step (all-reduced)
+
+    def poll(self, step: int) -> int:
+        """Read what arrived (malformed commands are refused with the reason); returns how
+        many commands wait, this rank's share of the all-reduced count."""
+        if self.channel is not None:
+            self.pending += self.channel.poll()
+            for error in self.channel.errors:
+                self.emit(ActionEvent(step=step, action="refused", command=None, error=error))
+            self.channel.errors.clear()
+        return len(self.pending)
+
+    def take(self) -> list[Command]:
+        """The `due` commands, the same on every rank (a collective when there are any)."""
+        if not self.due:
+            return []
+        box = [self.pending[: self.due]] if self.channel is not None else [None]
+        self.broadcast(box)
+        del self.pending[: self.due]
+        self.due = 0
+        return box[0]
+
+
+class Checkpoints(Protocol):
+    """What the handler needs of the run's checkpoints (engine.runtime.checkpointing)."""
+
+    def save(self, to_disk: bool = True) -> Path: ...
+
+    def persist(self) -> None: ...
+
+    def rollback(self, step: int | None, name: str | None, skip_data: bool) -> dict: ...
+
+
+class HasStep(Protocol):
+    step: int
+
+
+class CommandHandler:
+    def __init__(self, spec: JobSpec, world_size: int, state: HasStep,
+                 checkpoints: Checkpoints, emit: Emit):
+        self.spec, self.world_size, self.state = spec, world_size, state
+        self.checkpoints = checkpoints
+        self.emit = emit
+
+    def handle(self, commands: list[Command]) -> Outcome | None:
+        """Carry out `commands` in order until one ends the run; returns how it ends."""
+        for command in commands:
+            try:
+                outcome = self.act(command)
+            except (CommandRefused, SpecError) as e:
+                self.emit(ActionEvent(step=self.state.step, action="refused",
+                                      command=command.id, kind=command.kind, error=str(e)))
+                continue
+            if outcome is not None:
+                return outcome
+        return None
+
+    def act(self, command: Command) -> Outcome | None:
+        """Carry out one command on every rank; returns how the run ends, if it does. Raises
+        CommandRefused (or SpecError for a bad layout) with the reason."""
+        kind, args = command.kind, command.args
+        if kind == CommandKind.CHECKPOINT:
+            self._ack(command, path=str(self.checkpoints.save()))
+        elif kind == CommandKind.ROLLBACK:
+            step, name = args.get("step"), args.get("checkpoint")
+            if not name and (not isinstance(step, int) or step < 0):
+                raise CommandRefused("rollback needs args.step (an integer) or args.checkpoint")
+            self._ack(command, **self.checkpoints.rollback(
+                step, name, bool(args.get("skip_data", False))))
+        elif kind in (CommandKind.PAUSE, CommandKind.RESHARD):
+            parallel = self._new_layout(args) if kind == CommandKind.RESHARD else None
+            path = self.checkpoints.save()
+            self.checkpoints.persist()
+            self._ack(command, path=str(path), **({"parallel": parallel} if parallel else {}))
+            return Outcome(str(kind), self.state.step, parallel)
+        elif kind == CommandKind.CANCEL:
+            self._ack(command)
+            return Outcome(str(kind), self.state.step)
+        else:
+            raise CommandRefused(f"{kind}: the job is running; resume applies to a paused job")
+        return None
+
+    def _new_layout(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The layout a reshard moves to, refused unless it is a valid spec over which the
+        global micro-batch divides."""
+        parallel = {**dataclasses.asdict(self.spec.parallel), **args}
+        parse_spec(with_layout(self.spec.to_dict(), parallel))
+        world = parallel["nodes"] * parallel["procs_per_node"]
+        if (self.spec.train.micro_batch * self.world_size) % world:
+            raise CommandRefused(
+                f"reshard: the global micro-batch ({self.spec.train.micro_batch} x "
+                f"{self.world_size} sequences) does not divide over {world} ranks"
+            )
+        return parallel
+
+    def _ack(self, command: Command, **fields: Any) -> None:
+        self.emit(ActionEvent(step=self.state.step, action=str(command.kind), command=command.id,
+                              by=ActionBy.COMMAND, details=fields))

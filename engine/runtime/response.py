@@ -1,0 +1,130 @@
+"""The fault response: the detectors and the ladder judge each step, and one verdict says what
+the loop does with its update.
+
+Every rank runs `judge` (it is collective: the ranks agree on the anomalies) and gets the same
+verdict; rank 0 publishes the anomalies and the decisions. The loop applies the verdict in one
+place and calls `announce` once it is carried out, with what it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.anomaly import Decision, FaultManager
+from engine.contract import ActionBy, ActionEvent, AnomalyEvent, Event
+
+Emit = Callable[[Event], None]
+
+
+class RestartRequested(RuntimeError):
+    """The fault policy restarts the ranks: this rank exits, the launcher restarts them all
+    and they resume from the newest checkpoint."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the loop does with a step's update; `decision` is the ladder's (None: no anomaly)."""
+
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True)
+class Apply(Verdict):
+    """Step the optimizer, with the learning rate times `lr_factor`, then checkpoint if asked."""
+
+    lr_factor: float = 1.0
+    checkpoint: bool = False
+
+
+@dataclass(frozen=True)
+class Discard(Verdict):
+    """Drop the gradients and take the step count back by `step_back`; with `rewind_data` the
+    step is trained again on the same data."""
+
+    step_back: int = 1
+    rewind_data: bool = False
+
+
+@dataclass(frozen=True)
+class Rollback(Verdict):
+    """Drop the gradients, go back to the newest checkpoint before this step and skip the data
+    since then."""
+
+
+@dataclass(frozen=True)
+class Stop(Verdict):
+    """Drop the gradients, checkpoint the last step and end the run with `outcome`."""
+
+    outcome: str = "pause"
+
+
+@dataclass(frozen=True)
+class Restart(Verdict):
+    """Drop the gradients and have the launcher restart every rank from a checkpoint."""
+
+
+def verdict_for(decision: Decision | None) -> Verdict:
+    """The one verdict for the ladder's strongest decision. The actions that only a person or
+    the platform carries out (resume, reshard, cancel) leave the update applied."""
+    action = decision.action if decision is not None else "observe"
+    if action in ("skip_update", "retry_step"):  # the step number is trained again
+        return Discard(decision, step_back=1, rewind_data=action == "retry_step")
+    if action == "lr_cut":
+        return Apply(decision, lr_factor=float(decision.params.get("lr_factor", 0.1)))
+    if action == "checkpoint":
+        return Apply(decision, checkpoint=True)
+    if action == "rollback":
+        return Rollback(decision)
+    if action == "pause":
+        return Stop(decision, outcome="pause")
+    if action == "restart":
+        return Restart(decision)
+    return Apply(decision)
+
+
+def decision_event(decision: Decision, **outcome: Any) -> ActionEvent:
+    """The `action` event of a policy decision, with what carrying it out did."""
+    return ActionEvent(step=decision.step, action=decision.action, by=ActionBy.POLICY,
+                       anomaly=decision.anomaly, rung=decision.rung, rank=decision.rank,
+                       reason=decision.reason, details={**decision.params, **outcome})
+
+
+class FaultResponse:
+    """Runs the fault manager once per step on the signals of the step before (throughput,
+    memory, timings and routing are known only once a step has ended) and this step's loss."""
+
+    def __init__(self, faults: FaultManager, emit: Emit):
+        self.faults = faults
+        self.emit = emit
+        self.signals: dict[str, Any] = {}  # the last completed step's
+        self.found = False  # whether the last judged step raised anomalies
+
+    def observe(self, grad_norm: float, tokens_per_s: float, rss: int, ops: dict,
+                experts: list[dict]) -> None:
+        """Record a completed step's signals for the next step's judgement."""
+        self.signals = {"grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "rss": rss,
+                        "ops": ops, "experts": {str(i): layer for i, layer in enumerate(experts)}}
+
+    def judge(self, step: int, local_loss: float) -> Verdict:
+        """Collective: detect, agree, decide; publish what was found and every decision but
+        the one carried out (announced by `announce`)."""
+        # each completed step's signals are judged once; a discarded step leaves none
+        prev, self.signals = self.signals, {}
+        anomalies, decisions = self.faults.step(
+            step, loss=local_loss, grad_norm=prev.get("grad_norm"),
+            tokens_per_s=prev.get("tokens_per_s"), memory_bytes=prev.get("rss"),
+            aggregate=prev.get("ops"), experts=prev.get("experts"),
+        )
+        self.found = bool(anomalies)
+        for anomaly in anomalies:
+            self.emit(AnomalyEvent(step=step, **anomaly.event_fields()))
+        for decision in decisions[1:]:  # recorded; the first is announced once carried out
+            self.emit(decision_event(decision))
+        return verdict_for(decisions[0] if decisions else None)
+
+    def announce(self, verdict: Verdict, **outcome: Any) -> None:
+        """Publish the decision carried out, with what it did (e.g. the checkpoint)."""
+        if verdict.decision is not None:
+            self.emit(decision_event(verdict.decision, **outcome))

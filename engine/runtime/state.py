@@ -1,0 +1,49 @@
+"""The training loop's own state: one stateful part of every checkpoint, beside the shards."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from engine.anomaly import FaultManager
+from engine.runtime.data import TokenLoader
+
+
+class HasAdamStep(Protocol):
+    adam_step: int  # the sharded optimizer's step count (its moments are in the shards)
+
+
+class TrainState:
+    """Where the run is (optimizer steps done, tokens trained on) and what must resume with
+    it: the data position, the RNG, Adam's step count, the replicated model buffers (the MoE
+    expert bias) and the detectors' and the response ladder's memory."""
+
+    def __init__(self, model: nn.Module, optimizer: HasAdamStep, loader: TokenLoader,
+                 faults: FaultManager):
+        self.step = 0  # optimizer steps done
+        self.tokens = 0
+        self.model, self.optimizer, self.loader, self.faults = model, optimizer, loader, faults
+
+    def state_dict(self) -> dict[str, Any]:
+        params = {name for name, _ in self.model.named_parameters()}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "adam_step": self.optimizer.adam_step,
+            "faults": self.faults.state_dict(),
+            "loader": self.loader.state_dict(),
+            "rng": torch.get_rng_state(),
+            # replicated buffers travel whole (the parameters are in the shards)
+            "buffers": {k: v.clone() for k, v in self.model.state_dict().items()
+                        if k not in params},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.optimizer.adam_step = state["adam_step"]
+        self.loader.load_state_dict(state["loader"])
+        torch.set_rng_state(state["rng"])
+        self.model.load_state_dict(state["buffers"], strict=False)
+        self.faults.load_state_dict(state["faults"])
