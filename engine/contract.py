@@ -252,7 +252,7 @@ class StepEvent(Event):
     eval_loss: float | None = None
     state_bytes: dict | None = None
     comm: dict | None = None
-    system: list | None = None  # one row per rank: CPU, RSS, GPU memory and utilisation
+    system: dict | None = None  # per metric one value per rank: CPU, RSS, GPU memory and use
 
 
 @dataclass(kw_only=True)
@@ -282,7 +282,7 @@ class AnomalyEvent(Event):
     type: ClassVar[str] = "anomaly"
     kind: str
     severity: str
-    rank: int | None = None
+    rank: int | None  # None: a global signal (the reduced loss), no single rank
     evidence: dict = field(default_factory=dict)
 
 

@@ -198,18 +198,14 @@ def hf_pieces(config: MoEConfig) -> list[Piece]:
 
 
 def checkpoint_buffers(reader: CheckpointReader) -> dict[str, torch.Tensor]:
-    """The model's replicated buffers (the MoE expert bias) from rank 0's extras.
-
-    The one place that knows the key path: `extras["buffers"]`, as the trainer saves them,
-    or `extras[<part>]["buffers"]` once the extras are a dict of stateful parts (the
-    trainer's `TrainState` among them)."""
+    """The model's replicated buffers (the MoE expert bias) from rank 0's extras: in the
+    trainer's `train` part, or at the top of the flat extras of checkpoints written before
+    the extras held named parts."""
     extras = reader.extras(0)
-    if isinstance(extras, dict) and "buffers" in extras:
-        return extras["buffers"]
-    for part in extras.values() if isinstance(extras, dict) else ():
-        if isinstance(part, dict) and "buffers" in part:
-            return part["buffers"]
-    raise ExportError(f"{reader.info.path}: its extras hold no model buffers (no 'buffers' key)")
+    state = extras.get("train", extras) if isinstance(extras, dict) else {}
+    if "buffers" not in state:
+        raise ExportError(f"{reader.info.path}: its extras hold no model buffers")
+    return state["buffers"]
 
 
 def _check_checkpoint(reader: CheckpointReader, params: dict) -> None:

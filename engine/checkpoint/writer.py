@@ -206,6 +206,9 @@ class Checkpointer:
         """Give every part its state from an open checkpoint's extras (saved rank 0's: the
         parts hold only facts every rank shares)."""
         extras = reader.extras(0)
+        if len(self.parts) == 1 and not set(self.parts) & set(extras):
+            # written before checkpoints held named parts: the extras are the one part's state
+            extras = {name: extras for name in self.parts}
         for name, part in self.parts.items():
             part.load_state_dict(extras[name])
 

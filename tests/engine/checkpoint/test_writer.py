@@ -20,6 +20,7 @@ from engine.checkpoint import (
     default_memory_dir,
     list_checkpoints,
     load,
+    open_checkpoint,
     pin,
     read_extras,
     unpin,
@@ -67,6 +68,38 @@ def test_a_save_is_a_snapshot_the_caller_may_change_right_after(tmp_path):
     ckpt.close()
     assert torch.equal(load(tmp_path, {"w": [(0, 10)]})["w"][0], torch.arange(10.0))
     assert read_extras(tmp_path, 0) == {"data_position": 7}
+
+
+class Part:
+    def __init__(self, value: dict | None = None):
+        self.value = value
+
+    def state_dict(self) -> dict:
+        return dict(self.value)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state
+
+
+def test_stateful_parts_are_saved_by_name_and_given_back(tmp_path):
+    saved = Checkpointer(tmp_path, memory_dir=None, parts={"train": Part({"step": 3})})
+    saved.save(3, state(1.0))
+    saved.close()
+    assert read_extras(tmp_path, 0) == {"train": {"step": 3}}
+    loaded = Checkpointer(tmp_path, memory_dir=None, parts={"train": Part()})
+    with open_checkpoint(tmp_path) as reader:
+        loaded.load_parts(reader)
+    assert loaded.parts["train"].value == {"step": 3}
+
+
+def test_a_checkpoint_from_before_named_parts_loads_into_the_one_part(tmp_path):
+    old = Checkpointer(tmp_path, memory_dir=None)
+    old.save(5, state(1.0), {"step": 5, "tokens": 640})  # the flat extras of older runs
+    old.close()
+    loaded = Checkpointer(tmp_path, memory_dir=None, parts={"train": Part()})
+    with open_checkpoint(tmp_path) as reader:
+        loaded.load_parts(reader)
+    assert loaded.parts["train"].value == {"step": 5, "tokens": 640}
 
 
 def test_retention_keeps_the_newest_and_the_pinned(tmp_path):
