@@ -69,6 +69,7 @@ class CommandKind(StrEnum):
     CHECKPOINT = "checkpoint"
     ROLLBACK = "rollback"
     RESHARD = "reshard"
+    SET = "set"  # live hyper-parameters (engine.runtime.settings)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ COMMAND_RULES: dict[CommandKind, CommandRule] = {
     CommandKind.CHECKPOINT: CommandRule(frozenset({_S.RUNNING}), None),
     CommandKind.ROLLBACK: CommandRule(frozenset({_S.RUNNING}), _S.ROLLING_BACK),
     CommandKind.RESHARD: CommandRule(frozenset({_S.RUNNING}), _S.RESHARDING),
+    CommandKind.SET: CommandRule(frozenset({_S.RUNNING}), None),
 }
 
 

@@ -63,6 +63,9 @@ class ResponseLadder:
         self.rollback_times: list[float] = []
         self.restarts = 0
 
+    def set_ladders(self, policy: FaultPolicy) -> None:
+        self.ladders = policy_ladders(policy)
+
     def decide(self, anomalies: list[Anomaly], step: int, now: float) -> list[Decision]:
         """One decision per anomaly kind present, strongest first. `now` is wall-clock seconds
         agreed by all ranks (`agree_anomalies` returns it), so caps decide alike everywhere."""

@@ -83,7 +83,7 @@ class Trainer:
             grad_accum=t.grad_accum, collective=p.collective, timer=self.timer,
         )
         self.faults = FaultManager(policy, self.rank)
-        self.state = TrainState(self.model, self.dp, self.loader, self.faults)
+        self.state = TrainState(self.model, self.dp, self.loader, self.faults, spec)
         self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state,
                                             self.timer, self.emit)
         self.telemetry = Telemetry(
@@ -96,7 +96,7 @@ class Trainer:
         self.response = FaultResponse(self.faults, self.emit)
         self.inbox = CommandInbox(control if self.rank == 0 else None, self.emit)
         self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit)
+                                       self.emit, self.state.settings)
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
         self.hangs = HangReports(run_dir, self.rank, policy.hang_timeout_s, self.emit,
@@ -112,10 +112,8 @@ class Trainer:
         t = self.spec.train
         splits = load_tokens(t.dataset)
         if splits.vocab_size > self.spec.model.vocab_size:
-            raise DataError(
-                f"model.vocab_size: {self.spec.model.vocab_size} is smaller than the "
-                f"tokenizer's vocabulary ({splits.vocab_size})"
-            )
+            raise DataError(f"model.vocab_size: {self.spec.model.vocab_size} is smaller than "
+                            f"the tokenizer's vocabulary ({splits.vocab_size})")
         loader = TokenLoader(splits.train, t.seq_len, t.micro_batch, self.rank, self.world_size,
                              t.seed)
         return loader, splits.heldout
@@ -173,7 +171,7 @@ class Trainer:
         if not isinstance(verdict, Apply):
             self._drop_update(verdict, position)
             return None
-        lr = lr_at(s.step, t) * verdict.lr_factor
+        lr = lr_at(s.step, t) * s.settings.lr_factor * verdict.lr_factor
         with self.timer.op("optimizer", kind="compute"):
             grad_norm = self.dp.step(lr, t.grad_clip)
         if verdict.checkpoint:
