@@ -33,6 +33,7 @@ from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
+from engine.runtime.init_from import load_optimizer, load_weights
 from engine.runtime.response import (
     Apply,
     Discard,
@@ -75,6 +76,8 @@ class Trainer:
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = cast_parameters(MoEModel(spec.model).to(self.device),
                                      param_dtype(self.device))
+        if not resume_from:  # a resumed run's own checkpoint wins over model.init_from
+            load_weights(spec, self.model, self.emit)
         # every rank times its own ops and runs the detectors; aggregation and decisions are
         # collective, so all ranks act alike
         self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=t.trace_every)
@@ -107,6 +110,8 @@ class Trainer:
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:
             self.checkpoints.resume(resume_from)
+        else:
+            load_optimizer(spec, self.dp)
 
     def _data(self) -> tuple[TokenLoader, torch.Tensor]:
         t = self.spec.train
