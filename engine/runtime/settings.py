@@ -62,6 +62,11 @@ def validate_settings(changes: Any) -> dict[str, Any]:
             for key, value in changes.items()}
 
 
+def launched_values(spec: JobSpec) -> dict[str, Any]:
+    """Every live setting's value in `spec`, before any `set` (the lr factor is 1)."""
+    return {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0}
+
+
 def _get(spec: JobSpec, key: str) -> Any:
     node: Any = spec
     for part in key.split("."):
@@ -94,7 +99,7 @@ class LiveSettings:
     def __init__(self, spec: JobSpec, optimizer: HasWeightDecay, faults: HasPolicy):
         self.spec, self.optimizer, self.faults = spec, optimizer, faults
         self.checkpointer: HasSchedule | None = None
-        self.launched = {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0}
+        self.launched = launched_values(spec)
         self.lr_factor = 1.0
         self.overrides: dict[str, Any] = {}  # every key a `set` changed, at its latest value
 
