@@ -202,6 +202,7 @@ function connect() {
 
 controls.enable(state);
 controls.loadRules();
+controls.loadSettings();
 showProgress();
 loadDetail();
 connect();
