@@ -206,7 +206,8 @@ export class Controls {
       select.replaceChildren(...Object.keys(data.effective).map((k) => el("option", { value: k }, k)));
     }
     document.getElementById("live-settings").replaceChildren(...Object.entries(data.effective)
-      .map(([key, value]) => el("tr", {}, el("td", {}, key), el("td", {}, JSON.stringify(value)))));
+      .map(([key, value]) => el("tr", { dataset: { key } }, el("td", {}, key),
+                                el("td", {}, JSON.stringify(value)))));
     document.getElementById("settings-history").replaceChildren(...data.history.map((h) =>
       el("li", {}, `step ${h.step} · ${h.by}: ${changesText(h.changes)}`)));
   }
