@@ -69,7 +69,7 @@ def _user_for_token(key: str):
     return user_for_token(key)
 
 
-def SessionOrTokenAuth(inner):  # noqa: N802 (named like Channels' own middleware stacks)
+def SessionOrTokenAuth(inner: Any) -> Any:  # noqa: N802 (named like Channels' own middleware stacks)
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
 
 

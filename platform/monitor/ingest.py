@@ -15,7 +15,8 @@ ignores sequence numbers it already has, so every event is stored exactly once.
 Each event is parsed through the engine's contract (engine.contract) once, while its batch is
 prepared: the typed rows come from the parsed event, and the supervisor gets the parsed events
 back from `poll`. An event the contract does not take (an unknown type, a missing or mistyped
-field) is logged with the field it names and stored as it came, without typed rows.
+field) is logged with the field it names and stored as it came; of its typed rows it gives
+only a step event's metric points (every number it holds is charted, as before the contract).
 
 The job supervisor (jobs.supervisor) drives one StreamIngest per job; `manage.py ingest`
 runs the same loop as a process of its own.
@@ -153,7 +154,7 @@ def _parsed(job_id: int, event: dict[str, Any]) -> contract.Event | None:
     try:
         return contract.parse_event(event)
     except contract.ContractError as error:
-        log.warning("job %s: event %s stored as it came, without typed rows: %s", job_id,
+        log.warning("job %s: event %s stored as it came, not as the contract has it: %s", job_id,
                     event["seq"], error)
         return None
 
