@@ -135,7 +135,7 @@ class Batch:
 def prepare(job_id: int, events: Iterable[Any]) -> Batch:
     """The rows that storing `events` writes, built before the transaction that writes them
     (the ingest builds the next batch's while it stores this one). Each event is parsed once,
-    here; one the contract does not take is stored as it came, without typed rows, and logged."""
+    here; one the contract does not take is logged and stored as it came."""
     events = sorted((e for e in events if _has_seq(job_id, e)), key=lambda e: e["seq"])
     parsed = [p for p in (_parsed(job_id, e) for e in events) if p is not None]
     return Batch(events, parsed, _rows(job_id, events, parsed),
@@ -169,7 +169,7 @@ def _rows(job_id: int, events: list[dict[str, Any]],
     seq), then the typed rows drawn from the parsed events."""
     by_step_metrics = {
         # every number a step event holds is a series, whatever else it holds or lacks
-        (name[:64], e["step"]): value
+        (name[:64], _integer(e.get("step"))): value
         for e in events if e.get("type") == contract.StepEvent.type
         for name, value in step_metrics(e).items()
     }
