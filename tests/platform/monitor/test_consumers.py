@@ -65,9 +65,7 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
         log.seq = 1  # stream is empty: the stored event above came through store_events
         for step in (2, 3, 4):
             log.emit("step", step, loss=5.0 / step, tokens_per_s=1000.0)
-        ingest = StreamIngest(job.pk, client)
-        while ingest.poll(block_ms=100):
-            pass
+        StreamIngest(job.pk, client).drain()
         client.close()
 
     await database_sync_to_async(publish_and_ingest)()
