@@ -64,3 +64,9 @@ def test_the_settings_are_the_specs_with_the_acknowledged_changes_and_their_hist
         {"step": 6, "changes": {"train.lr": {"old": lr, "new": 0.0005}}, "by": "ada"},
         {"step": 12, "changes": {"train.lr": {"old": 0.0005, "new": lr}}, "by": "rollback"},
     ]
+def test_set_needs_a_running_job(api, user, small_spec):
+    queued = Job.objects.create(name="q", owner=user, spec=small_spec)
+    response = api.post(f"/api/jobs/{queued.pk}/set/", {"train.lr": 0.001}, format="json")
+    assert response.status_code == 409
+
+
