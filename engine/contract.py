@@ -294,7 +294,7 @@ class AnomalyEvent(Event):
     type: ClassVar[str] = "anomaly"
     kind: str
     severity: str
-    rank: int | None  # None: a global signal (the reduced loss), no single rank
+    rank: int | None = None  # None: a global signal (the reduced loss), no single rank
     evidence: dict = field(default_factory=dict)
 
 

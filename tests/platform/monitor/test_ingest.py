@@ -38,7 +38,7 @@ def bus(platform_redis_url):
 def publish_steps(job, url, steps):
     log = EventLog(str(job.pk), bus_url=url)
     for step in steps:
-        log.emit("step", step, loss=6.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
+        log.emit_wire("step", step, loss=6.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
                  step_time=0.1, tokens=1000 * step, memory={"rss_bytes": 2**30})
     log.close()
 
@@ -48,7 +48,8 @@ def test_step_events_are_stored_acknowledged_and_forwarded(job, bus, platform_re
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(job_group(job.pk), channel)
     publish_steps(job, platform_redis_url, range(1, 6))
-    EventLog(str(job.pk), bus_url=platform_redis_url).emit("log", 5, level="info", message="hi")
+    log = EventLog(str(job.pk), bus_url=platform_redis_url)
+    log.emit_wire("log", 5, level="info", message="hi")
 
     ingest = StreamIngest(job.pk, bus)
     events = ingest.poll(block_ms=100)
@@ -128,7 +129,7 @@ def test_a_step_trained_again_replaces_its_earlier_values(job, bus, platform_red
     series keeps each step once, with the values of its latest run."""
     publish_steps(job, platform_redis_url, [1, 2, 3, 2, 3])  # restarted from step 1
     log = EventLog(str(job.pk), bus_url=platform_redis_url)
-    log.emit("step", 3, loss=0.25)  # and once more, in a later batch
+    log.emit_wire("step", 3, loss=0.25)  # and once more, in a later batch
     log.close()
     ingest = StreamIngest(job.pk, bus, consumer="a")
     ingest.poll(block_ms=100)
@@ -148,7 +149,7 @@ def test_per_rank_system_metrics_are_stored_as_one_series_per_rank(job, bus, pla
     gets a series of its own; a value a rank did not measure (None) stores no point."""
     log = EventLog(str(job.pk), bus_url=platform_redis_url)
     for step in (1, 2):
-        log.emit("step", step, loss=1.0, system={
+        log.emit_wire("step", step, loss=1.0, system={
             "cpu_percent": [95.0 * step, 40.0], "rss_bytes": [2**30, 2**29 * step],
             "gpu_util_percent": [None, 50.0]})
     log.close()
@@ -208,8 +209,8 @@ def test_a_malformed_event_is_stored_as_it_came_without_typed_rows_and_logged(
         job, bus, platform_redis_url, caplog):
     """The ingest goes on: the events after it are stored and typed as usual."""
     log = EventLog(str(job.pk), bus_url=platform_redis_url)
-    log.emit("anomaly", 2, kind="loss_spike", severity="warning", rank="three", evidence={})
-    log.emit("anomaly", 3, kind="nan_loss", severity="error", rank=1, evidence={})
+    log.emit_wire("anomaly", 2, kind="loss_spike", severity="warning", rank="three", evidence={})
+    log.emit_wire("anomaly", 3, kind="nan_loss", severity="error", rank=1, evidence={})
     log.close()
 
     ingest = StreamIngest(job.pk, bus)
