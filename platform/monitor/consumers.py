@@ -2,15 +2,16 @@
 
 `/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
 `last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
-min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions` and
-`checkpoints` events), then the engine's events as published (`step`, `ops`, `experts`,
-`anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type": "job",
-...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>` gets,
-instead of the snapshot, exactly the stored events after that sequence number, then the live
-ones. The consumer joins the job's group before reading the database and drops live events it
-already sent, so nothing falls between the two; if live events were dropped on the way (the
-channel layer sheds messages for a client too slow to take them), the gap is read back from
-the database before the next event is sent, so a slow client loses nothing and slows no one.
+min/max envelope; the latest `ops` and `experts` samples; `ops_history` and `experts_history`,
+the newest 300 steps' events (per-rank op times only in the last 10); the `anomalies`,
+`actions` and `checkpoints` events), then the engine's events as published (`step`, `ops`,
+`experts`, `anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type":
+"job", ...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>`
+gets, instead of the snapshot, exactly the stored events after that sequence number, then the
+live ones. The consumer joins the job's group before reading the database and drops live events
+it already sent, so nothing falls between the two; if live events were dropped on the way (the
+channel layer sheds messages for a client too slow to take them), the gap is read back from the
+database before the next event is sent, so a slow client loses nothing and slows no one.
 
 `/ws/jobs/`: a `snapshot` of the user's newest jobs, then a `job` message for every state
 change of a job the user may see (`seq` is the id of the state-history row).
@@ -36,7 +37,7 @@ from jobs.permissions import visible_jobs
 from monitor.ingest import job_group
 from monitor.messages import job_message
 from monitor.models import Event
-from monitor.series import metric_series, ops_sample
+from monitor.series import experts_recent, metric_series, ops_recent, ops_sample
 from monitor.signals import STAFF_GROUP, user_group
 
 CLOSE_BAD_REQUEST = 4400
@@ -44,6 +45,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 SNAPSHOT_POINTS = 600  # per series: enough to draw, small enough to send at once
 SNAPSHOT_FEED = 500  # newest anomalies, actions and checkpoints each
+# the op and expert charts' steps (the page keeps as many); per-rank times for the heatmap's
+SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
 REPLAY_CHUNK = 500  # stored events read per query when replaying
 
@@ -187,6 +190,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                         "started_at": job.started_at and job.started_at.isoformat()},
                 "series": metric_series(job.pk, max_points=SNAPSHOT_POINTS),
                 "ops": ops_sample(job.pk),
+                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL),
+                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS),
                 "experts": experts.data if experts else None,
                 "anomalies": newest("anomaly"),
                 "actions": newest("action"),
