@@ -6,10 +6,10 @@
 // endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
 // one-step spike still shows in the envelope.
 import { api } from "./api.js";
+import { CONFIG, waitingLayout } from "./chartkit.js";
 import { bytes, num } from "./format.js";
 import { Throttled } from "./throttle.js";
 
-const CONFIG = { responsive: true, displaylogo: false };
 const MAX_POINTS = 1500; // per series, asked of the server; about one per pixel on a wide screen
 const REFETCH_AT = 2 * MAX_POINTS; // live points appended past this: ask for a downsampled copy
 // The loss chart takes each live step in the next animation frame; the others, at most twice
@@ -122,10 +122,19 @@ export class MetricCharts {
     for (const id of Object.keys(CHARTS)) this.draw(id);
   }
 
+  // Until a series has a point, the chart says what it waits for: the first step, or nothing
+  // once steps arrived without it (no GPU metrics on a CPU run).
+  drawWaiting(id) {
+    const chart = CHARTS[id];
+    const text = this.series.loss?.step.length ? "not measured on this run" : undefined;
+    Plotly.react(`chart-${id}`, [], waitingLayout(chart.title, chart.height ?? 260, text), CONFIG);
+  }
+
   draw(id) {
     const chart = CHARTS[id];
     const target = `chart-${id}`;
     const names = this.namesOf(id);
+    if (!names.some((n) => this.series[n]?.step.length)) { this.drawWaiting(id); return; }
     const traces = chart.perRank ? this.perRankTraces(names) : this.seriesTraces(chart, names);
     const xaxis = { title: { text: "step" }, range: this.window ?? undefined, autorange: !this.window };
     const layout = {
