@@ -35,9 +35,15 @@ const charts = new MetricCharts(jobId, {
   markers: () => marks,
   onPickCheckpoint: (c) => controls.pick(checkpointWithId(c)),
 });
-const telemetry = new Telemetry();
+const telemetry = new Telemetry({ layoutAt });
 let checkpointIds = new Map(); // step -> the API's checkpoint row (with its id)
 let transitions = []; // the API's state history of the job
+
+// The layout a step ran on: the spec's until the first reshard before it, then that one's.
+function layoutAt(step) {
+  const reshards = marks.actions.filter((a) => a.action === "reshard" && a.parallel && a.step < step);
+  return reshards.at(-1)?.parallel ?? spec.parallel ?? {};
+}
 
 function checkpointWithId(c) {
   return { ...c, ...(checkpointIds.get(c.step) ?? {}) };
@@ -191,7 +197,10 @@ function onSnapshot(message) {
 }
 
 function onMessage(message) {
-  if (message.type !== "job" && typeof message.seq === "number") lastSeq = Math.max(lastSeq ?? 0, message.seq);
+  if (message.type !== "job" && typeof message.seq === "number") {
+    lastSeq = Math.max(lastSeq ?? 0, message.seq);
+    root.dataset.seq = lastSeq; // the newest event this page holds: what the tests wait for
+  }
   switch (message.type) {
     case "snapshot": onSnapshot(message); break;
     case "step": onStep(message); break;

@@ -38,6 +38,17 @@ function headline(ops) {
   return Object.keys(ops).filter((name) => !name.includes(".") || ops[name].kind === "collective");
 }
 
+// The group a collective's bytes crossed on the step's layout (intra: the ranks of a node,
+// inter: one rank of each node, global: all of them), or null for a group of one rank. On
+// one node the global group is the intra one, on one rank per node the inter one: one line.
+function groupOn(group, { nodes = 1, procs_per_node: procs = 1 }) {
+  const size = { intra: procs, inter: nodes, global: nodes * procs }[group];
+  if (!size || size < 2) return null;
+  if (group === "global" && nodes === 1) return "intra";
+  if (group === "global" && procs === 1) return "inter";
+  return group;
+}
+
 // Kept events, one per step, in step order; a step trained again replaces its entry.
 class StepBuffer {
   constructor() { this.items = []; }
@@ -52,7 +63,9 @@ class StepBuffer {
 }
 
 export class Telemetry {
-  constructor() {
+  // `layoutAt(step)`: the parallel layout ({nodes, procs_per_node}) the step ran on.
+  constructor({ layoutAt }) {
+    this.layoutAt = layoutAt;
     this.ops = new StepBuffer();
     this.experts = new StepBuffer();
     const draw = { breakdown: () => this.drawBreakdown(), ranks: () => this.drawRanks(),
@@ -136,15 +149,16 @@ export class Telemetry {
         margin: { l: 130, r: 16, t: 36, b: 130 }, xaxis: { tickangle: -60, dtick: 1 } }), CONFIG);
   }
 
-  // A line per process group that moved bytes: a group of one rank (intra on one process per
-  // node, inter on one node) moves none, and a collective names its group or is not drawn.
+  // A line per process group of the layout (groupOn), bytes-weighted over its collectives.
   drawBandwidth() {
     const byGroup = {};
     for (const e of this.ops.items) {
       const sums = {};
+      const layout = this.layoutAt(e.step);
       for (const o of Object.values(e.ops)) {
-        if (o.kind !== "collective" || !o.bytes || !o.group || !o.busbw_gbps) continue;
-        const s = (sums[o.group] ??= { bytes: 0, weighted: 0 });
+        const group = o.kind === "collective" && o.bytes ? groupOn(o.group, layout) : null;
+        if (!group) continue;
+        const s = (sums[group] ??= { bytes: 0, weighted: 0 });
         s.bytes += o.bytes;
         s.weighted += o.bytes * (o.busbw_gbps ?? 0);
       }
