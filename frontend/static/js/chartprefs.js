@@ -50,6 +50,8 @@ export function ema(values, weight) {
     if (v === null || !Number.isFinite(v)) return null;
     last = last * weight + (1 - weight) * v;
     count += 1;
-    return last / (1 - weight ** count);
+    // 12 digits: the debiasing's rounding noise would otherwise turn a constant series (a
+    // flat learning rate) into a wiggle that autoscaling magnifies
+    return Number((last / (1 - weight ** count)).toPrecision(12));
   });
 }

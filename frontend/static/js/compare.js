@@ -57,11 +57,16 @@ function showPicker(names) {
                   } }), ` ${name}`)));
 }
 
-async function drawSeries(ids, name) {
+// A card per picked series, in the page before Plotly sizes its chart to the card.
+function chartCards() {
+  const divs = wanted.map((name) => document.getElementById(`compare-${name}`)
+    ?? el("div", { id: `compare-${name}`, class: "chart chart-tall" }));
+  chartsEl.replaceChildren(...divs.map((div) => el("div", { class: "card" }, div)));
+  return divs;
+}
+
+async function drawSeries(ids, name, div) {
   const all = await Promise.all(ids.map((id) => seriesOf(id, name)));
-  const id = `compare-${name}`;
-  let div = document.getElementById(id);
-  if (!div) div = el("div", { id, class: "chart chart-tall" });
   const traces = ids.map((job, i) => ({ x: all[i].step, y: all[i].value, mode: "lines", name: labelOf(job),
                                         line: { width: 1.5, color: colorOf(labelOf(job)) } }));
   Plotly.react(div, traces, {
@@ -69,7 +74,7 @@ async function drawSeries(ids, name) {
     margin: { l: 60, r: 16, t: 36, b: 40 }, xaxis: { title: { text: "step" } },
     legend: { orientation: "h", y: -0.2 },
   }, CONFIG);
-  return el("div", { class: "card" }, div);
+  Plotly.Plots.resize(div); // a card added beside it narrowed the grid's columns
 }
 
 // -- the specs side by side --------------------------------------------------------------
@@ -103,7 +108,8 @@ async function draw() {
   url.searchParams.set("series", wanted.join(","));
   history.replaceState(null, "", url);
   showPicker(await namesOf(ids));
-  chartsEl.replaceChildren(...await Promise.all(wanted.map((name) => drawSeries(ids, name))));
+  const divs = chartCards();
+  await Promise.all(wanted.map((name, i) => drawSeries(ids, name, divs[i])));
   await drawDiff(ids);
   form.dataset.drawn = ids.join(",");
 }

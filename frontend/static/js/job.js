@@ -186,6 +186,9 @@ function onSnapshot(message) {
   charts.load(message.series);
   telemetry.addOps(message.ops_history ?? []);
   telemetry.addExperts(message.experts_history ?? []);
+  if (FINAL.has(message.state) && !message.ops_history?.length) {
+    telemetry.placeholders("not measured on this run");
+  }
   const job = message.job ?? {};
   if (job.started_at) startedAt = Date.parse(job.started_at);
   step = job.step ?? step;

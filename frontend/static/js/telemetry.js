@@ -73,8 +73,13 @@ export class Telemetry {
     this.redraw = new Throttled(REDRAW_EVERY_MS, (chart) => draw[chart]());
     this.slider = document.getElementById("experts-step");
     this.slider.addEventListener("input", () => this.drawExperts());
+    this.placeholders();
+  }
+
+  // What the charts show before their data; `text` once the run is known to have none.
+  placeholders(text) {
     for (const [chart, title] of Object.entries(TITLES)) {
-      Plotly.react(`chart-${chart}`, [], waitingLayout(title, 280), CONFIG);
+      Plotly.react(`chart-${chart}`, [], waitingLayout(title, 280, text), CONFIG);
     }
   }
 
