@@ -105,7 +105,9 @@ async function draw() {
   const ids = chosen();
   const url = new URL(location.href);
   if (ids.length) url.searchParams.set("jobs", ids.join(",")); else url.searchParams.delete("jobs");
-  url.searchParams.set("series", wanted.join(","));
+  // the default choice stays out of the link
+  if (wanted.join(",") === DEFAULT_SERIES.join(",")) url.searchParams.delete("series");
+  else url.searchParams.set("series", wanted.join(","));
   history.replaceState(null, "", url);
   showPicker(await namesOf(ids));
   const divs = chartCards();
