@@ -49,12 +49,14 @@ function checkpointWithId(c) {
   return { ...c, ...(checkpointIds.get(c.step) ?? {}) };
 }
 
-// the rollback list: the checkpoints still on disk (retention deletes old ones), the newest
-// of each step (a step trained again after a rollback is checkpointed again)
+// the rollback list: the checkpoints still on disk, the newest of each step (a step trained
+// again after a rollback is checkpointed again). Retention deletes the oldest first, so one
+// the API finds missing but newer than every one on disk is still being written, not gone.
 function showCheckpoints() {
   const newest = new Map(marks.checkpoints.map((c) => [c.step, c]));
-  controls.setCheckpoints([...newest.values()].sort((a, b) => a.step - b.step)
-    .map(checkpointWithId).filter((c) => c.available !== false));
+  const all = [...newest.values()].sort((a, b) => a.step - b.step).map(checkpointWithId);
+  const lastOnDisk = Math.max(-1, ...all.filter((c) => c.available === true).map((c) => c.step));
+  controls.setCheckpoints(all.filter((c) => c.available !== false || c.step > lastOnDisk));
 }
 
 // -- progress ------------------------------------------------------------------------------
@@ -213,6 +215,7 @@ function onMessage(message) {
     case "job":
       showState(message.state, message.error);
       loadDetail();
+      loadCheckpoints();
       showCommands();
       // after a reshard or resume the engine starts anew: its first steps set a new pace
       if (["queued", "paused"].includes(message.state)) rate.length = 0;
