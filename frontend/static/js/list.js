@@ -152,6 +152,7 @@ function onJob(message) {
   const job = { ...shown.get(message.job), state: message.state, step: message.step };
   shown.set(message.job, job);
   showState(tr, job);
+  lastValues(tr, job);
 }
 
 let retry = 500;
