@@ -2,16 +2,18 @@
 
 `/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
 `last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
-min/max envelope; the latest `ops` and `experts` samples; `ops_history` and `experts_history`,
-the newest 300 steps' events (per-rank op times only in the last 10); the `anomalies`,
-`actions` and `checkpoints` events), then the engine's events as published (`step`, `ops`,
-`experts`, `anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type":
-"job", ...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>`
-gets, instead of the snapshot, exactly the stored events after that sequence number, then the
-live ones. The consumer joins the job's group before reading the database and drops live events
-it already sent, so nothing falls between the two; if live events were dropped on the way (the
-channel layer sheds messages for a client too slow to take them), the gap is read back from the
-database before the next event is sent, so a slow client loses nothing and slows no one.
+min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions` and
+`checkpoints` events), then the engine's events as published (`step`, `ops`, `experts`,
+`anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type": "job",
+...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>` gets,
+instead of the snapshot, exactly the stored events after that sequence number, then the live
+ones. The consumer joins the job's group before reading the database and drops live events it
+already sent, so nothing falls between the two; if live events were dropped on the way (the
+channel layer sheds messages for a client too slow to take them), the gap is read back from
+the database before the next event is sent, so a slow client loses nothing and slows no one.
+
+The snapshot also holds `ops_history` and `experts_history`: the newest 300 steps' `ops` and
+`experts` events, as the job page keeps them (per-rank op times only in the last 10).
 
 `/ws/jobs/`: a `snapshot` of the user's newest jobs, then a `job` message for every state
 change of a job the user may see (`seq` is the id of the state-history row).
