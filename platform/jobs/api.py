@@ -7,6 +7,7 @@ goes through jobs.steering. Every POST takes an `Idempotency-Key` (jobs.idempote
 from __future__ import annotations
 
 import copy
+import json
 
 from django.db import transaction
 from django_filters import rest_framework as filters
@@ -61,6 +62,7 @@ from jobs.serializers import (
     CommandSerializer,
     JobDetailSerializer,
     JobEventSerializer,
+    JobNoteSerializer,
     JobSerializer,
     NewApiTokenSerializer,
     NewWebhookSerializer,
@@ -103,10 +105,17 @@ class JobFilter(filters.FilterSet):
                                          help_text="one or more states (repeat the parameter)")
     owner = filters.CharFilter(field_name="owner__username", help_text="owner's username")
     name = filters.CharFilter(lookup_expr="icontains", help_text="part of the job name")
+    tag = filters.CharFilter(method="with_tag", help_text="one of the job's tags")
 
     class Meta:
         model = Job
-        fields = ["state", "owner", "name"]
+        fields = ["state", "owner", "name", "tag"]
+
+    def with_tag(self, jobs, name: str, tag: str):
+        # the stored list's JSON text holds `"tag"` with its quotes: an exact element match
+        # on PostgreSQL and SQLite alike (tags never contain quotes; JSON `contains` is
+        # PostgreSQL's only)
+        return jobs.filter(tags__icontains=json.dumps(tag.lower()))
 
 
 @extend_schema_view(
@@ -164,6 +173,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         job = self._launch(request, spec, policy, "job.create")
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobNoteSerializer, responses={200: JobDetailSerializer, **ERRORS},
+                   description="Change the job's `tags` and `note`, nothing else; audited.")
+    def partial_update(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        body = JobNoteSerializer(job, data=request.data, partial=True)
+        if not isinstance(request.data, dict) or set(request.data) - set(body.fields):
+            return Response({"non_field_errors": ["only `tags` and `note` can be changed"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        body.is_valid(raise_exception=True)
+        body.save()
+        audit("job.annotate", actor(request), request_cause(request), job=job,
+              **body.validated_data)
+        return Response(JobDetailSerializer(job).data)
 
     def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
                 resume_from: str = "", **details) -> Job:

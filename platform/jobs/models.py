@@ -108,6 +108,9 @@ class Job(models.Model):
     platform = models.JSONField(default=dict, blank=True,
                                 help_text="the platform's fault policy for this job "
                                 "(jobs.policy.PlatformPolicy)")
+    tags = models.JSONField(default=list, blank=True,
+                            help_text="the owner's labels (jobs.serializers.JobNoteSerializer)")
+    note = models.TextField(blank=True, help_text="the owner's free-text note")
 
     class Meta:
         ordering = ["-created_at", "-id"]

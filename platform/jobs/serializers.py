@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rest_framework import serializers
@@ -29,8 +30,35 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "name", "state", "step", "total_steps", "spec", "owner", "created_at",
                   "started_at", "finished_at", "error", "cancel_requested_at", "heartbeat_at",
-                  "launches", "resume_from", "platform"]
+                  "launches", "resume_from", "platform", "tags", "note"]
         read_only_fields = fields
+
+
+TAG = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,31}$")
+MAX_TAGS = 16
+
+
+class JobNoteSerializer(serializers.ModelSerializer):
+    """What the owner may change on a job: its tags and note (PATCH /api/jobs/<id>/)."""
+
+    tags = serializers.ListField(
+        child=serializers.CharField(), max_length=MAX_TAGS, required=False,
+        help_text=f"at most {MAX_TAGS}; each lowercase letters, digits and `_.:-`, "
+        "at most 32 characters, starting with a letter or digit")
+    note = serializers.CharField(max_length=2000, allow_blank=True, required=False,
+                                 trim_whitespace=True)
+
+    class Meta:
+        model = Job
+        fields = ["tags", "note"]
+
+    def validate_tags(self, tags: list[str]) -> list[str]:
+        bad = [tag for tag in tags if not TAG.match(tag)]
+        if bad:
+            raise serializers.ValidationError(
+                f"not a tag: {', '.join(map(repr, bad))} (lowercase letters, digits and "
+                "`_.:-`, at most 32 characters, starting with a letter or digit)")
+        return list(dict.fromkeys(tags))  # once each, in the order given
 
 
 class JobDetailSerializer(JobSerializer):

@@ -11,12 +11,15 @@ from jobs.models import ApiToken, Cause
 from jobs.permissions import token_creation_wait
 from jobs.steering import audit
 
+NEW_KEY = "tokens.new_key"  # the session's copy of a key just created, until it is shown
+
 
 @login_required
 def tokens_page(request: HttpRequest) -> HttpResponse:
-    """GET lists the user's tokens; POST `name` creates one (its key shown once), POST
-    `revoke` (a token id) revokes one."""
-    user, new_key, error = request.user, None, ""
+    """GET lists the user's tokens; POST `name` creates one, POST `revoke` (a token id)
+    revokes one. Each POST that succeeds redirects (post/redirect/get: a reload does not
+    submit again); a new key rides in the session to the next GET, which shows it once."""
+    user, error = request.user, ""
     if request.method == "POST":
         if "revoke" in request.POST:
             token = get_object_or_404(ApiToken, user=user, pk=request.POST["revoke"])
@@ -35,7 +38,9 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
             token = ApiToken.objects.create(user=user, name=name)
             audit("token.create", user.get_username(), Cause.USER, user=user, name=name,
                   token=token.pk)
-            new_key = token.key
+            request.session[NEW_KEY] = token.key
+            return redirect("tokens")
     return render(request, "tokens.html", {
-        "tokens": ApiToken.objects.filter(user=user), "new_key": new_key, "error": error},
+        "tokens": ApiToken.objects.filter(user=user),
+        "new_key": request.session.pop(NEW_KEY, None), "error": error},
         status=400 if error else 200)

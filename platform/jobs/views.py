@@ -1,7 +1,9 @@
 """The pages. They only render; jobs are created and steered through the REST API."""
 
 import dataclasses
+import itertools
 import json
+import re
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -14,6 +16,7 @@ from engine.anomaly.policy import DEFAULT_LADDERS, LADDER_ACTIONS, FaultPolicy
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.moe.config import PRESETS
 from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
+from jobs.models import State
 from jobs.permissions import visible_jobs
 
 FORM_PRESETS = ("tiny", "small")
@@ -23,7 +26,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     """The home page: the job list, or the login form (200, not a redirect) for a visitor."""
     if not request.user.is_authenticated:
         return LoginView.as_view(template_name="login.html")(request)
-    return render(request, "jobs/list.html", {"jobs": visible_jobs(request.user)[:200]})
+    return render(request, "jobs/list.html", {"states": State.choices})
 
 
 @login_required
@@ -55,7 +58,17 @@ def _clone_source(request: HttpRequest) -> dict[str, Any]:
     name = model.get("preset") or FORM_PRESETS[0]  # a spec of model fields only: all differ
     preset = dataclasses.asdict(PRESETS[name])
     overrides = {k: v for k, v in model.items() if k != "preset" and preset.get(k) != v}
-    return {"id": job.pk, "spec": job.spec, "preset": name, "model_overrides": overrides}
+    spec = {**job.spec, "name": _next_name(request, job.name)}
+    return {"id": job.pk, "spec": spec, "preset": name, "model_overrides": overrides}
+
+
+def _next_name(request: HttpRequest, name: str) -> str:
+    """`name-2`, or the next suffix none of the user's jobs has (a clone of `run-2` is
+    `run-3`), so that runs told apart by name stay apart."""
+    base = re.sub(r"-\d+$", "", name)
+    taken = set(visible_jobs(request.user).filter(name__startswith=base)
+                .values_list("name", flat=True))
+    return next(f"{base}-{n}" for n in itertools.count(2) if f"{base}-{n}" not in taken)
 
 
 @login_required

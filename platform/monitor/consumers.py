@@ -12,6 +12,9 @@ already sent, so nothing falls between the two; if live events were dropped on t
 channel layer sheds messages for a client too slow to take them), the gap is read back from
 the database before the next event is sent, so a slow client loses nothing and slows no one.
 
+The snapshot also holds `ops_history` and `experts_history`: the newest 300 steps' `ops` and
+`experts` events, as the job page keeps them (per-rank op times only in the last 10).
+
 `/ws/jobs/`: a `snapshot` of the user's newest jobs, then a `job` message for every state
 change of a job the user may see (`seq` is the id of the state-history row).
 
@@ -36,7 +39,7 @@ from jobs.permissions import visible_jobs
 from monitor.ingest import job_group
 from monitor.messages import job_message
 from monitor.models import Event
-from monitor.series import metric_series, ops_sample
+from monitor.series import experts_recent, metric_series, ops_recent, ops_sample
 from monitor.signals import STAFF_GROUP, user_group
 
 CLOSE_BAD_REQUEST = 4400
@@ -44,6 +47,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 SNAPSHOT_POINTS = 600  # per series: enough to draw, small enough to send at once
 SNAPSHOT_FEED = 500  # newest anomalies, actions and checkpoints each
+# the op and expert charts' steps (the page keeps as many); per-rank times for the heatmap's
+SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
 REPLAY_CHUNK = 500  # stored events read per query when replaying
 
@@ -187,6 +192,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                         "started_at": job.started_at and job.started_at.isoformat()},
                 "series": metric_series(job.pk, max_points=SNAPSHOT_POINTS),
                 "ops": ops_sample(job.pk),
+                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL),
+                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS),
                 "experts": experts.data if experts else None,
                 "anomalies": newest("anomaly"),
                 "actions": newest("action"),

@@ -85,7 +85,7 @@ def test_clone_opens_the_launch_form_filled_with_the_jobs_spec_and_launches_a_ne
 
     expect(page).to_have_url(f"{live_server_url}/jobs/new/?clone={original.pk}")
     form = page.locator("#launch")
-    expected = {"name": "original", "model.preset": "tiny", "model": '{"num_hidden_layers":4}',
+    expected = {"name": "original-2", "model.preset": "tiny", "model": '{"num_hidden_layers":4}',
                 "parallel.procs_per_node": "2", "parallel.strategy": "NIG",
                 "parallel.collective": "ring", "train.steps": "37", "train.lr": "0.0007",
                 "checkpoint.every": "10", "faults.policy.actions.loss_spike":

@@ -143,13 +143,16 @@ export class Controls {
     this.update(known.entry, refused ? "refused" : "done", text);
   }
 
-  // The API's view of the commands (GET /commands/), read after each state change of the job.
+  // The API's view of the commands (GET /commands/, oldest first), read after each state
+  // change of the job; a command this page did not send (a reloaded page, another client)
+  // gets its entry here.
   async refresh() {
     const { ok, data } = await api(`/api/jobs/${this.job.id}/commands/`);
     if (!ok) return;
     for (const command of rows(data)) {
+      if (!this.commands.has(String(command.id))) this.adopt(command);
       const known = this.commands.get(String(command.id));
-      if (!known || known.entry.dataset.state === command.state) continue;
+      if (known.entry.dataset.state === command.state) continue;
       if (command.state === "done" || command.state === "refused") {
         const detail = describe(command.result);
         this.update(known.entry, command.state,
@@ -158,6 +161,14 @@ export class Controls {
         known.entry.dataset.state = "delivered";
       }
     }
+  }
+
+  // An entry for a command sent elsewhere, its state still to be read ("new").
+  adopt(command) {
+    const entry = this.entry(command.id, command.kind);
+    entry.dataset.state = "new";
+    entry.replaceChildren(el("strong", {}, LABEL[command.kind] ?? command.kind), ` ${command.state}`);
+    this.commands.set(String(command.id), { kind: command.kind, entry });
   }
 
   // -- rollback: pick a checkpoint in the list or on the loss chart ----------------------------

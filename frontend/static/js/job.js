@@ -35,19 +35,28 @@ const charts = new MetricCharts(jobId, {
   markers: () => marks,
   onPickCheckpoint: (c) => controls.pick(checkpointWithId(c)),
 });
-const telemetry = new Telemetry();
+const telemetry = new Telemetry({ layoutAt });
 let checkpointIds = new Map(); // step -> the API's checkpoint row (with its id)
+let transitions = []; // the API's state history of the job
+
+// The layout a step ran on: the spec's until the first reshard before it, then that one's.
+function layoutAt(step) {
+  const reshards = marks.actions.filter((a) => a.action === "reshard" && a.parallel && a.step < step);
+  return reshards.at(-1)?.parallel ?? spec.parallel ?? {};
+}
 
 function checkpointWithId(c) {
   return { ...c, ...(checkpointIds.get(c.step) ?? {}) };
 }
 
-// the rollback list: the checkpoints still on disk (retention deletes old ones), the newest
-// of each step (a step trained again after a rollback is checkpointed again)
+// the rollback list: the checkpoints still on disk, the newest of each step (a step trained
+// again after a rollback is checkpointed again). Retention deletes the oldest first, so one
+// the API finds missing but newer than every one on disk is still being written, not gone.
 function showCheckpoints() {
   const newest = new Map(marks.checkpoints.map((c) => [c.step, c]));
-  controls.setCheckpoints([...newest.values()].sort((a, b) => a.step - b.step)
-    .map(checkpointWithId).filter((c) => c.available !== false));
+  const all = [...newest.values()].sort((a, b) => a.step - b.step).map(checkpointWithId);
+  const lastOnDisk = Math.max(-1, ...all.filter((c) => c.available === true).map((c) => c.step));
+  controls.setCheckpoints(all.filter((c) => c.available !== false || c.step > lastOnDisk));
 }
 
 // -- progress ------------------------------------------------------------------------------
@@ -83,11 +92,23 @@ async function loadDetail() {
   if (!ok) return;
   startedAt = data.started_at ? Date.parse(data.started_at) : startedAt;
   finishedAt = data.finished_at ? Date.parse(data.finished_at) : finishedAt;
-  $("history").replaceChildren(...(data.transitions ?? []).map((t) => el("tr", {},
+  transitions = data.transitions ?? [];
+  showHistory();
+}
+
+// A rollback's note names its checkpoint by the API's id; a person knows it by its step.
+function withSteps(message) {
+  const steps = new Map([...checkpointIds.values()].map((c) => [String(c.id), c.step]));
+  return message.replace(/checkpoint (\d+)/g, (text, id) =>
+    (steps.has(id) ? `checkpoint of step ${steps.get(id)}` : text));
+}
+
+function showHistory() {
+  $("history").replaceChildren(...transitions.map((t) => el("tr", {},
     el("td", {}, new Date(t.time).toLocaleTimeString()),
     el("td", {}, `${t.from_state} → `, el("strong", {}, t.to_state)),
     el("td", {}, [t.cause, t.actor].filter(Boolean).join(" · ")),
-    el("td", { class: "muted" }, t.message))));
+    el("td", { class: "muted" }, withSteps(t.message)))));
 }
 
 async function loadCheckpoints() {
@@ -95,6 +116,14 @@ async function loadCheckpoints() {
   if (!ok) return;
   checkpointIds = new Map(rows(data).map((c) => [c.step, c]));
   showCheckpoints();
+  showHistory();
+}
+
+// The Commands card: every command the API lists, sent from this page or not, and the
+// engine's word on each that an action event names; the same after a reload as live.
+async function showCommands() {
+  await controls.refresh();
+  for (const event of marks.actions) controls.acknowledge(event);
 }
 
 function feedItem(kind, e) {
@@ -103,15 +132,22 @@ function feedItem(kind, e) {
        Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")]
     : [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
        e.reason ?? "", e.error ?? ""];
-  return el("li", { class: `feed-${kind}`, dataset: { kind: kind === "anomaly" ? e.kind : e.action, step: e.step } },
+  return el("li", { class: `feed-${kind}`,
+                    dataset: { kind: kind === "anomaly" ? e.kind : e.action, step: e.step, seq: e.seq } },
     el("span", { class: "feed-step" }, `step ${e.step}`), " ",
     el("span", { class: `tag tag-${kind}` }, kind), " ", text.filter(Boolean).join(" · "));
 }
 
+// Newest step first, and within a step the newest event: the order does not depend on
+// whether anomalies and actions arrived interleaved (live) or one kind after the other (the
+// snapshot), nor on a rollback that trained steps again.
 function addFeed(kind, event) {
   const feed = $("feed");
   feed.querySelector(".empty")?.remove();
-  feed.prepend(feedItem(kind, event));
+  const later = (li) => Number(li.dataset.step) > event.step
+    || (Number(li.dataset.step) === event.step && Number(li.dataset.seq) > event.seq);
+  const before = [...feed.children].find((li) => !later(li));
+  feed.insertBefore(feedItem(kind, event), before ?? null);
   while (feed.children.length > FEED_KEEP) feed.lastChild.remove();
 }
 
@@ -126,13 +162,14 @@ function onStep(event) {
   root.dataset.liveSteps = Number(root.dataset.liveSteps ?? 0) + 1;
 }
 
-function onMark(kind, event) {
+// `live`: an event as it happens, not one of the snapshot's (whose series are current).
+function onMark(kind, event, live = true) {
   const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
   charts.redrawMarkers();
-  if (kind === "action") {
-    controls.acknowledge(event);
+  if (kind === "action" && live) {
+    if (event.command) showCommands(); else controls.acknowledge(event);
     // a rollback replaced steps: the stored series now hold the values trained again
     if (event.action === "rollback") charts.refetch();
   }
@@ -145,12 +182,15 @@ function onMark(kind, event) {
 function onSnapshot(message) {
   for (const key of Object.keys(marks)) marks[key] = [];
   $("feed").replaceChildren(el("li", { class: "empty muted" }, "No anomaly or action yet."));
-  for (const e of message.anomalies ?? []) onMark("anomaly", e);
-  for (const e of message.actions ?? []) onMark("action", e);
+  for (const e of message.anomalies ?? []) onMark("anomaly", e, false);
+  for (const e of message.actions ?? []) onMark("action", e, false);
   for (const e of message.checkpoints ?? []) remember("checkpoints", e);
   charts.load(message.series);
-  if (message.ops) telemetry.addOps(message.ops);
-  if (message.experts) telemetry.addExperts(message.experts);
+  telemetry.addOps(message.ops_history ?? []);
+  telemetry.addExperts(message.experts_history ?? []);
+  if (FINAL.has(message.state) && !message.ops_history?.length) {
+    telemetry.placeholders("not measured on this run");
+  }
   const job = message.job ?? {};
   if (job.started_at) startedAt = Date.parse(job.started_at);
   step = job.step ?? step;
@@ -158,10 +198,14 @@ function onSnapshot(message) {
   showProgress();
   showCheckpoints();
   loadCheckpoints();
+  showCommands();
 }
 
 function onMessage(message) {
-  if (message.type !== "job" && typeof message.seq === "number") lastSeq = Math.max(lastSeq ?? 0, message.seq);
+  if (message.type !== "job" && typeof message.seq === "number") {
+    lastSeq = Math.max(lastSeq ?? 0, message.seq);
+    root.dataset.seq = lastSeq; // the newest event this page holds: what the tests wait for
+  }
   switch (message.type) {
     case "snapshot": onSnapshot(message); break;
     case "step": onStep(message); break;
@@ -171,7 +215,8 @@ function onMessage(message) {
     case "job":
       showState(message.state, message.error);
       loadDetail();
-      controls.refresh();
+      loadCheckpoints();
+      showCommands();
       // after a reshard or resume the engine starts anew: its first steps set a new pace
       if (["queued", "paused"].includes(message.state)) rate.length = 0;
       break;

@@ -6,10 +6,11 @@
 // endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
 // one-step spike still shows in the envelope.
 import { api } from "./api.js";
+import { CONFIG, waitingLayout } from "./chartkit.js";
+import { X_TITLES, bindPrefs, ema } from "./chartprefs.js";
 import { bytes, num } from "./format.js";
 import { Throttled } from "./throttle.js";
 
-const CONFIG = { responsive: true, displaylogo: false };
 const MAX_POINTS = 1500; // per series, asked of the server; about one per pixel on a wide screen
 const REFETCH_AT = 2 * MAX_POINTS; // live points appended past this: ask for a downsampled copy
 // The loss chart takes each live step in the next animation frame; the others, at most twice
@@ -31,6 +32,8 @@ export const CHARTS = {
   system: { title: "System (per rank)", names: [], prefix: "system.", perRank: true, height: 360 },
 };
 const PREFIXES = Object.values(CHARTS).map((c) => c.prefix).filter(Boolean);
+// the series the x-axis options are computed from (chartprefs.js), fetched with the charts'
+const AXIS_NAMES = ["tokens", "step_time"];
 // The system chart's two rows (CPU above, memory below); a rank keeps its colour in both, the
 // GPU's series are drawn dotted or dashed beside its CPU's.
 const SYSTEM_ROWS = [
@@ -55,15 +58,26 @@ function nearest(steps, step) {
   return lo > 0 && Math.abs(steps[lo - 1] - step) < Math.abs(steps[lo] - step) ? lo - 1 : lo;
 }
 
-function envelopeTraces(s, color, name) {
+// Seconds of training up to each point of the `step_time` series: each point stands for the
+// steps since the one before (a downsampled point for its whole bucket).
+function elapsed(s) {
+  let sum = 0;
+  return s.step.map((step, i) => (sum += (s.value[i] ?? 0) * (i ? step - s.step[i - 1] : 1)));
+}
+
+// With smoothing, the raw line stays, faint, under the smoothed one.
+function envelopeTraces(s, x, color, name, smoothing) {
   const hasEnvelope = s.min?.length === s.step.length;
+  const raw = { x, y: s.value, mode: "lines", line: { color, width: 1.6 }, name };
   return [
-    { x: s.step, y: hasEnvelope ? s.max : s.value, mode: "lines", line: { width: 0 },
+    { x, y: hasEnvelope ? s.max : s.value, mode: "lines", line: { width: 0 },
       hoverinfo: "skip", showlegend: false, name: `${name} max` },
-    { x: s.step, y: hasEnvelope ? s.min : s.value, mode: "lines", line: { width: 0 },
+    { x, y: hasEnvelope ? s.min : s.value, mode: "lines", line: { width: 0 },
       fill: "tonexty", fillcolor: `${color}33`, hoverinfo: "skip", showlegend: false,
       name: `${name} min` },
-    { x: s.step, y: s.value, mode: "lines", line: { color, width: 1.6 }, name },
+    ...(smoothing ? [{ ...raw, opacity: 0.25, showlegend: false },
+                     { ...raw, y: ema(s.value, smoothing), name: `${name} (smoothed)` }]
+      : [raw]),
   ];
 }
 
@@ -78,12 +92,12 @@ function hoverText(kind, item) {
 }
 
 // The system chart's axes: CPU % above memory, one step axis below both.
-function perRankLayout(xaxis) {
+function perRankLayout(xaxis, type) {
   return {
     xaxis: { ...xaxis, anchor: "y2" },
-    yaxis: { domain: [0.56, 1], title: { text: "CPU %" }, rangemode: "tozero" },
+    yaxis: { domain: [0.56, 1], title: { text: "CPU %" }, rangemode: "tozero", type },
     yaxis2: { domain: [0, 0.44], title: { text: "memory" }, tickformat: ".3s", ticksuffix: "B",
-              rangemode: "tozero" },
+              rangemode: "tozero", type },
     showlegend: true,
   };
 }
@@ -102,6 +116,25 @@ export class MetricCharts {
     this.frame = null;
     this.fetching = 0;
     this.secondary = new Throttled(SECONDARY_REDRAW_MS, (id) => this.draw(id));
+    this.prefs = bindPrefs((prefs) => {
+      this.prefs = prefs;
+      for (const id of Object.keys(CHARTS)) this.draw(id);
+    });
+  }
+
+  // The x of each step on the chosen axis: tokens seen is the step times its tokens (the
+  // global batch stays the same through reshards), training time the step times summed.
+  xOf(steps) {
+    const ref = this.series[{ tokens: "tokens", time: "step_time" }[this.prefs.x]];
+    if (!ref?.step.length) return steps;
+    const at = this.prefs.x === "tokens" ? ref.step.map((s, i) => s * ref.value[i]) : elapsed(ref);
+    return steps.map((step) => at[nearest(ref.step, step)]);
+  }
+
+  // The step drawn nearest to `x` on the chosen axis (zooming works in steps).
+  stepAt(x) {
+    const steps = this.series.loss?.step ?? [];
+    return this.prefs.x === "step" || !steps.length ? x : steps[nearest(this.xOf(steps), x)];
   }
 
   namesOf(id) {
@@ -122,21 +155,32 @@ export class MetricCharts {
     for (const id of Object.keys(CHARTS)) this.draw(id);
   }
 
+  // Until a series has a point, the chart says what it waits for: the first step, or nothing
+  // once steps arrived without it (no GPU metrics on a CPU run).
+  drawWaiting(id) {
+    const chart = CHARTS[id];
+    const text = this.series.loss?.step.length ? "not measured on this run" : undefined;
+    Plotly.react(`chart-${id}`, [], waitingLayout(chart.title, chart.height ?? 260, text), CONFIG);
+  }
+
   draw(id) {
     const chart = CHARTS[id];
     const target = `chart-${id}`;
     const names = this.namesOf(id);
+    if (!names.some((n) => this.series[n]?.step.length)) { this.drawWaiting(id); return; }
     const traces = chart.perRank ? this.perRankTraces(names) : this.seriesTraces(chart, names);
-    const xaxis = { title: { text: "step" }, range: this.window ?? undefined, autorange: !this.window };
+    const xaxis = { title: { text: X_TITLES[this.prefs.x] },
+                    range: this.window ? this.xOf(this.window) : undefined, autorange: !this.window };
+    const type = this.prefs.log ? "log" : "linear";
     const layout = {
       title: { text: chart.title, font: { size: 14 } },
       margin: { l: 60, r: 16, t: 36, b: 36 },
       height: chart.height ?? 260,
       xaxis,
-      yaxis: chart.bytes ? { tickformat: ".3s", ticksuffix: "B" } : {},
+      yaxis: chart.bytes ? { tickformat: ".3s", ticksuffix: "B", type } : { type },
       legend: { orientation: "h", y: -0.25 },
       showlegend: names.length > 1 || Boolean(chart.markers),
-      ...(chart.perRank ? perRankLayout(xaxis) : {}),
+      ...(chart.perRank ? perRankLayout(xaxis, type) : {}),
       uirevision: "keep",
       // the series arrays grow in place: a new revision tells Plotly.react to redraw them
       datarevision: (this.revision = (this.revision ?? 0) + 1),
@@ -157,8 +201,9 @@ export class MetricCharts {
     const traces = [];
     names.forEach((name, i) => {
       const s = this.series[name] ?? emptySeries();
-      if (i === 0) traces.push(...envelopeTraces(s, chart.color, name));
-      else traces.push({ x: s.step, y: s.value, mode: "lines+markers", marker: { size: 5 }, name,
+      const x = this.xOf(s.step);
+      if (i === 0) traces.push(...envelopeTraces(s, x, chart.color, name, this.prefs.smoothing));
+      else traces.push({ x, y: s.value, mode: "lines+markers", marker: { size: 5 }, name,
                          line: { width: 1.2, dash: name === "eval_loss" ? "dot" : "solid" } });
     });
     if (chart.markers) traces.push(...this.markerTraces());
@@ -174,7 +219,7 @@ export class MetricCharts {
         if (!Object.hasOwn(fields, field) || !rank?.startsWith("rank")) continue;
         const r = Number(rank.slice("rank".length));
         const s = this.series[name];
-        traces.push({ x: s.step, y: s.value, mode: "lines", yaxis: axis, name: `rank ${r}`,
+        traces.push({ x: this.xOf(s.step), y: s.value, mode: "lines", yaxis: axis, name: `rank ${r}`,
                       legendgroup: rank, showlegend: field === "cpu_percent",
                       line: { color: RANK_COLORS[r % RANK_COLORS.length], width: 1.4, dash: fields[field] },
                       hovertemplate: `rank ${r} ${field}: %{y:.3s}<extra></extra>` });
@@ -194,7 +239,7 @@ export class MetricCharts {
       const items = all[kind] ?? [];
       return {
         name: kind, mode: "markers", type: "scatter",
-        x: items.map((e) => e.step), y: items.map((e) => y(e.step)),
+        x: this.xOf(items.map((e) => e.step)), y: items.map((e) => y(e.step)),
         text: items.map((e) => hoverText(kind === "actions" ? `action ${e.action}`
           : kind === "anomalies" ? `anomaly ${e.kind}` : "checkpoint", e)),
         hovertemplate: "%{text}<extra></extra>",
@@ -215,7 +260,7 @@ export class MetricCharts {
     const checkpoints = this.markers().checkpoints ?? [];
     const hit = points.find((p) => p.data.name === "checkpoints");
     const checkpoint = hit ? checkpoints[hit.pointIndex]
-      : checkpoints.find((c) => points.some((p) => p.x === c.step));
+      : checkpoints.find((c) => points.some((p) => p.x === this.xOf([c.step])[0]));
     if (checkpoint) this.onPickCheckpoint(checkpoint);
   }
 
@@ -259,7 +304,7 @@ export class MetricCharts {
       this.window = null;
     } else if ("xaxis.range[0]" in event || Array.isArray(event["xaxis.range"])) {
       const range = event["xaxis.range"] ?? [event["xaxis.range[0]"], event["xaxis.range[1]"]];
-      this.window = [Math.max(0, Math.floor(range[0])), Math.ceil(range[1])];
+      this.window = [Math.max(0, Math.floor(this.stepAt(range[0]))), Math.ceil(this.stepAt(range[1]))];
     } else {
       return;
     }
@@ -270,7 +315,7 @@ export class MetricCharts {
   async refetch() {
     const query = new URLSearchParams({ max_points: MAX_POINTS });
     const prefixed = Object.keys(this.series).filter((n) => PREFIXES.some((p) => n.startsWith(p)));
-    query.set("names", [...this.allNames(), ...prefixed].join(","));
+    query.set("names", [...this.allNames(), ...AXIS_NAMES, ...prefixed].join(","));
     if (this.window) { query.set("from", this.window[0]); query.set("to", this.window[1]); }
     const request = ++this.fetching;
     document.getElementById("job").dataset.metricsFetches =

@@ -3,9 +3,10 @@
 // rank's, so a straggler is a red row), bus bandwidth per collective group, and the
 // expert-load heatmap (layer x expert, any kept step).
 
+import { CONFIG, colorOf, waitingLayout } from "./chartkit.js";
+import { OTHER, stackOf } from "./opstack.js";
 import { Throttled } from "./throttle.js";
 
-const CONFIG = { responsive: true, displaylogo: false };
 const KEEP = 300; // steps of ops/experts kept in the page; older ones live on the server
 const RANK_WINDOW = 10; // steps averaged in the rank heatmap, so one noisy step does not flicker
 const STRAGGLER_RATIO = 1.3; // a rank this much slower than the median on own compute is named
@@ -13,6 +14,13 @@ const STRAGGLER_RATIO = 1.3; // a rank this much slower than the median on own c
 // busy long enough to hold back the loss chart: bench/step_to_browser.py on a 2-core machine
 // measured p50 115-175 / p99 357-408 ms that way, and 81-82 / 176-225 ms throttled.
 const REDRAW_EVERY_MS = 1000;
+const TITLES = {
+  ops: "Time per step by op (mean over ranks, ms)",
+  ranks: "Rank × op: time over the median rank",
+  bandwidth: "Collective bus bandwidth per group (GB/s, bytes-weighted)",
+  experts: "Expert load (layer × expert)",
+};
+const FIXED_COLORS = { [OTHER]: "#d1d5db", data: "#9ca3af" };
 
 function median(values) {
   const sorted = values.filter((v) => v !== undefined).sort((a, b) => a - b);
@@ -30,6 +38,17 @@ function headline(ops) {
   return Object.keys(ops).filter((name) => !name.includes(".") || ops[name].kind === "collective");
 }
 
+// The group a collective's bytes crossed on the step's layout (intra: the ranks of a node,
+// inter: one rank of each node, global: all of them), or null for a group of one rank. On
+// one node the global group is the intra one, on one rank per node the inter one: one line.
+function groupOn(group, { nodes = 1, procs_per_node: procs = 1 }) {
+  const size = { intra: procs, inter: nodes, global: nodes * procs }[group];
+  if (!size || size < 2) return null;
+  if (group === "global" && nodes === 1) return "intra";
+  if (group === "global" && procs === 1) return "inter";
+  return group;
+}
+
 // Kept events, one per step, in step order; a step trained again replaces its entry.
 class StepBuffer {
   constructor() { this.items = []; }
@@ -44,7 +63,9 @@ class StepBuffer {
 }
 
 export class Telemetry {
-  constructor() {
+  // `layoutAt(step)`: the parallel layout ({nodes, procs_per_node}) the step ran on.
+  constructor({ layoutAt }) {
+    this.layoutAt = layoutAt;
     this.ops = new StepBuffer();
     this.experts = new StepBuffer();
     const draw = { breakdown: () => this.drawBreakdown(), ranks: () => this.drawRanks(),
@@ -52,32 +73,41 @@ export class Telemetry {
     this.redraw = new Throttled(REDRAW_EVERY_MS, (chart) => draw[chart]());
     this.slider = document.getElementById("experts-step");
     this.slider.addEventListener("input", () => this.drawExperts());
+    this.placeholders();
   }
 
-  addOps(event) {
-    this.ops.put(event);
+  // What the charts show before their data; `text` once the run is known to have none.
+  placeholders(text) {
+    for (const [chart, title] of Object.entries(TITLES)) {
+      Plotly.react(`chart-${chart}`, [], waitingLayout(title, 280, text), CONFIG);
+    }
+  }
+
+  // One event, or the snapshot's kept steps (oldest first).
+  addOps(events) {
+    for (const event of [events].flat()) this.ops.put(event);
     for (const chart of ["breakdown", "ranks", "bandwidth"]) this.redraw.mark(chart);
   }
 
-  addExperts(event) { this.experts.put(event); this.redraw.mark("experts"); }
+  addExperts(events) {
+    for (const event of [events].flat()) this.experts.put(event);
+    this.redraw.mark("experts");
+  }
 
+  // Stacked bars of each step's non-overlapping ops (opstack.js): they add up to the step.
   drawBreakdown() {
     const events = this.ops.items;
-    const names = new Set();
-    for (const e of events) for (const n of headline(e.ops)) if (e.ops[n].kind !== "collective") names.add(n);
+    if (!events.length) return;
+    const stacks = events.map(stackOf);
+    const names = [...new Set(stacks.flatMap(Object.keys))].sort()
+      .sort((a, b) => (a === OTHER) - (b === OTHER)); // what no op names goes on top
     const steps = events.map((e) => e.step);
-    const traces = [...names].sort().map((name) => ({
-      type: "bar", name, x: steps,
-      y: events.map((e) => e.ops[name]?.median_ms ?? 0),
+    const traces = names.map((name) => ({
+      type: "bar", name, x: steps, y: stacks.map((s) => s[name] ?? 0),
+      marker: { color: FIXED_COLORS[name] ?? colorOf(name) },
       hovertemplate: `${name}: %{y:.2f} ms<extra>step %{x}</extra>`,
     }));
-    // time in collectives, summed, and time in no timed op: together with the ops, the step
-    traces.push({ type: "bar", name: "collectives", x: steps, marker: { color: "#f59e0b" },
-                  y: events.map((e) => Object.values(e.ops).filter((o) => o.kind === "collective")
-                    .reduce((sum, o) => sum + o.median_ms, 0)) });
-    traces.push({ type: "bar", name: "untimed", x: steps, marker: { color: "#d1d5db" },
-                  y: events.map((e) => (e.step_ms ?? 0) * (e.void_share ?? 0)) });
-    Plotly.react("chart-ops", traces, layout("Time per step by op (median rank, ms)",
+    Plotly.react("chart-ops", traces, layout(TITLES.ops,
       { barmode: "stack", bargap: 0.05, xaxis: { title: { text: "step" } }, legend: { font: { size: 10 } } }), CONFIG);
   }
 
@@ -119,18 +149,21 @@ export class Telemetry {
       colorscale: [[0, "#dbeafe"], [0.25, "#ffffff"], [0.5, "#fecaca"], [1, "#b91c1c"]],
       colorbar: { title: { text: "× median" }, thickness: 12 },
       hovertemplate: "%{y}, %{x}<br>%{text} (%{z:.2f}× the median rank)<extra></extra>",
-    }], layout(`Rank × op: time over the median rank (last ${recent.length} steps)`,
+    }], layout(`${TITLES.ranks} (last ${recent.length} steps)`,
       { height: Math.max(260, 170 + 28 * ranks), yaxis: { autorange: "reversed" },
         margin: { l: 130, r: 16, t: 36, b: 130 }, xaxis: { tickangle: -60, dtick: 1 } }), CONFIG);
   }
 
+  // A line per process group of the layout (groupOn), bytes-weighted over its collectives.
   drawBandwidth() {
     const byGroup = {};
     for (const e of this.ops.items) {
       const sums = {};
+      const layout = this.layoutAt(e.step);
       for (const o of Object.values(e.ops)) {
-        if (o.kind !== "collective" || !o.bytes) continue;
-        const s = (sums[o.group || "global"] ??= { bytes: 0, weighted: 0 });
+        const group = o.kind === "collective" && o.bytes ? groupOn(o.group, layout) : null;
+        if (!group) continue;
+        const s = (sums[group] ??= { bytes: 0, weighted: 0 });
         s.bytes += o.bytes;
         s.weighted += o.bytes * (o.busbw_gbps ?? 0);
       }
@@ -140,11 +173,13 @@ export class Telemetry {
         t.y.push(s.weighted / s.bytes);
       }
     }
-    const traces = Object.entries(byGroup).map(([group, t]) => ({
-      type: "scatter", mode: "lines+markers", marker: { size: 4 }, name: group, ...t,
+    if (!Object.keys(byGroup).length) return;
+    const traces = Object.entries(byGroup).sort().map(([group, t]) => ({
+      type: "scatter", mode: "lines+markers", marker: { size: 4, color: colorOf(group) },
+      line: { color: colorOf(group) }, name: group, ...t,
       hovertemplate: `${group}: %{y:.3f} GB/s<extra>step %{x}</extra>`,
     }));
-    Plotly.react("chart-bandwidth", traces, layout("Collective bus bandwidth per group (GB/s, bytes-weighted)",
+    Plotly.react("chart-bandwidth", traces, layout(TITLES.bandwidth,
       { xaxis: { title: { text: "step" } }, margin: { l: 60, r: 16, t: 36, b: 40 } }), CONFIG);
   }
 
@@ -171,7 +206,7 @@ export class Telemetry {
       type: "heatmap", z, y: layers.map((_, i) => `MoE layer ${i}`), zmin: 0, zmax: 3,
       colorscale: "YlOrRd", colorbar: { title: { text: "× fair share" }, thickness: 12 },
       hovertemplate: "%{y}, expert %{x}: %{z:.2f}× its fair share<extra></extra>",
-    }], layout("Expert load (layer × expert)", { xaxis: { title: { text: "expert" } },
+    }], layout(TITLES.experts, { xaxis: { title: { text: "expert" } },
       height: Math.max(200, 90 + 30 * layers.length), yaxis: { autorange: "reversed" } }), CONFIG);
   }
 }

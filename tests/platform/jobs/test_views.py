@@ -26,7 +26,9 @@ def test_the_clone_form_embeds_the_spec_and_the_model_fields_apart_from_the_pres
     client.force_login(user)
     page = client.get(f"/jobs/new/?clone={job.pk}")
     assert page.status_code == 200
-    assert embedded_clone(page.content) == {"id": job.pk, "spec": spec, "preset": "nano",
+    # the spec as it was, under the next free name
+    assert embedded_clone(page.content) == {"id": job.pk, "spec": {**spec, "name": "mine-2"},
+                                            "preset": "nano",
                                             "model_overrides": {"num_hidden_layers": 3}}
     assert b'<option value="nano">' in page.content
 

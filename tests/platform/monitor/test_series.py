@@ -6,7 +6,7 @@ import pytest
 from jobs.models import Job
 from monitor.ingest import store_events
 from monitor.models import MetricPoint
-from monitor.series import expert_history, metric_series, ops_history
+from monitor.series import expert_history, metric_series, ops_history, ops_recent
 
 pytestmark = pytest.mark.django_db
 
@@ -141,3 +141,17 @@ def test_expert_history_keeps_the_most_imbalanced_step_of_each_bucket(api, job):
     assert collapse["dead_experts"] == 1
     body = api.get(f"/api/jobs/{job.pk}/experts/", {"from": 1, "to": 3}).json()
     assert [s["step"] for s in body["samples"]] == [1, 2, 3]
+
+
+def test_the_recent_ops_hold_the_newest_steps_once_each_with_rank_tables_for_the_last(job):
+    store_events(job.pk, [ops_event(s, s, 10.0 + s, 0) for s in range(1, 31)])
+    # a rollback to step 20: steps 21 and 22 trained again replace their first run's timings
+    store_events(job.pk, [ops_event(30 + i, s, 99.0, 1) for i, s in enumerate((21, 22), 1)])
+    recent = ops_recent(job.pk, keep=25, full=3)
+    assert [e["step"] for e in recent] == list(range(6, 31))
+    assert [e["step_ms"] for e in recent if e["step"] in (21, 22)] == [99.0, 99.0]
+    assert all("per_rank_ms" in e["ops"]["forward"] for e in recent[-3:])
+    older = recent[0]["ops"]
+    assert "per_rank_ms" not in older["forward"]
+    assert older["forward"] == {"kind": "compute", "total_ms": 14.0}
+    assert older["grad_sync"]["busbw_gbps"] == 2.5 and older["grad_sync"]["group"] == "global"

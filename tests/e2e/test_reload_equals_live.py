@@ -1,0 +1,162 @@
+"""A job page opened (or reloaded) after the fact shows what a page that watched the run live
+showed: every chart's traces, the markers, the Commands card, the anomaly feed and the state
+history. The run has it all: an injected loss spike (anomaly and policy action), checkpoints,
+a rollback, a reshard onto another strategy, a pause and a resume (all through the API) and a
+rank crash that restarts the ranks. It is compared twice: paused mid-run, with a page opened
+then, and finished, with the watching page reloaded. The same run checks that the per-op time
+stack adds up to each step's time."""
+
+import re
+
+import pytest
+from django.db.models import Max
+from playwright.sync_api import Page, expect
+
+from monitor.models import Event, OpsSample
+from tests.e2e.session import log_in
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENGINE_START_S = 120_000  # ms: an engine (re)launch on two busy cores
+STEPS = 36
+SPEC = {"name": "reload-e2e", "model": {"preset": "tiny"},
+        "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNG"},
+        "train": {"steps": STEPS, "micro_batch": 2, "seq_len": 64, "warmup": 5,
+                  "eval_every": 0, "threads": 1},
+        "checkpoint": {"every": 5, "keep": 3},
+        "faults": {"inject": [{"kind": "loss_spike", "step": 7, "rank": 1, "factor": 10},
+                              {"kind": "crash", "step": 28, "rank": 1}]}}
+
+# What a person sees: each chart's traces (x/y, or z for heatmaps, by trace name) and the
+# rows of each card.
+RECORD = """() => {
+  const charts = {};
+  for (const div of document.querySelectorAll('.chart')) {
+    charts[div.id] = (div.data || []).map((t) => ({
+      name: t.name ?? '', x: Array.from(t.x ?? []), y: Array.from(t.y ?? []),
+      z: t.z ?? null, text: t.text ?? null }));
+  }
+  const rows = (selector) => [...document.querySelectorAll(selector)].map((e) => e.innerText);
+  return {
+    charts,
+    commands: rows('#results li'),
+    feed: rows('#feed li'),
+    history: rows('#history tr'),
+    checkpoints: rows('#checkpoint-list li'),
+    experts: document.getElementById('experts-label').textContent,
+    state: document.getElementById('state').textContent,
+    step: document.getElementById('step').textContent,
+  };
+}"""
+
+
+def steer(api, job_id: int, kind: str, body: dict | None = None) -> None:
+    response = api.post(f"/api/jobs/{job_id}/{kind}/", body or {}, format="json")
+    assert response.status_code == 202, response.content
+
+
+def wait_for_step(page: Page, step: int) -> None:
+    page.wait_for_function("s => Number(document.getElementById('step').textContent) >= s",
+                           arg=step, timeout=ENGINE_START_S)
+
+
+def first_difference(live, reloaded) -> str:
+    if isinstance(live, list) and isinstance(reloaded, list):
+        for i, (a, b) in enumerate(zip(live, reloaded, strict=False)):
+            if a != b:
+                return f"[{i}] {first_difference(a, b)}"
+        return f"live has {len(live)} items, reloaded {len(reloaded)}"
+    if isinstance(live, dict) and isinstance(reloaded, dict):
+        key = next(k for k in {*live, *reloaded} if live.get(k) != reloaded.get(k))
+        return f"{key}: {first_difference(live.get(key), reloaded.get(key))}"
+    return f"live {live!r} / reloaded {reloaded!r}"[:400]
+
+
+def differences(live: dict, reloaded: dict) -> list[str]:
+    """Where the two pages differ: the first difference of each card and chart."""
+    keys = [k for k in live if k != "charts"]
+    found = [f"{k}: {first_difference(live[k], reloaded[k])}" for k in keys
+             if live[k] != reloaded[k]]
+    return found + [f"{chart}: {first_difference(traces, reloaded['charts'].get(chart))}"
+                    for chart, traces in live["charts"].items()
+                    if traces != reloaded["charts"].get(chart)]
+
+
+def settled_view(page: Page, job_id: int) -> dict:
+    """What `page` shows once it holds every stored event of the job and its throttled charts
+    have drawn them (the ingest may still be storing the last events when the state moves)."""
+    last_seq = Event.objects.filter(job_id=job_id).aggregate(Max("seq"))["seq__max"]
+    expect(page.locator("#job")).to_have_attribute("data-seq", str(last_seq), timeout=30_000)
+    page.wait_for_timeout(2_000)
+    return page.evaluate(RECORD)
+
+
+def opened_now(page: Page, url: str, job_id: int, commands: int) -> dict:
+    """What a page opened now on the job shows, in a second tab beside `page`."""
+    fresh = page.context.new_page()
+    fresh.goto(url)
+    expect(fresh.locator("#results li")).to_have_count(commands)
+    view = settled_view(fresh, job_id)
+    fresh.close()
+    return view
+
+
+def assert_the_op_stack_adds_up(bars: list[dict], job_id: int) -> None:
+    """Every kept step's bars add up to its step time (the slowest rank's) within 5%, and no
+    op is counted inside another."""
+    step_ms = dict(OpsSample.objects.filter(job_id=job_id).values_list("step", "step_ms"))
+    steps = bars[0]["x"]
+    assert len(steps) >= STEPS - 2
+    for i, step in enumerate(steps):
+        assert sum(trace["y"][i] for trace in bars) == pytest.approx(step_ms[step], rel=0.05)
+    names = {trace["name"] for trace in bars}
+    assert {"forward", "backward", "other compute"} <= names
+    assert "forward_backward" not in names
+
+
+def test_a_reloaded_job_page_shows_what_the_live_one_showed_and_the_op_stack_adds_up(
+        page: Page, live_server_url, celery_worker, user, api, output_dir):
+    log_in(page, live_server_url, user)
+    created = api.post("/api/jobs/", SPEC, format="json")
+    assert created.status_code == 201, created.content
+    job_id = created.json()["id"]
+    url = f"{live_server_url}/jobs/{job_id}/"
+    page.goto(url)
+    # before its first step the page says what it waits for
+    expect(page.locator("#chart-loss")).to_contain_text("waiting for the first step")
+    page.screenshot(path=output_dir / "0-waiting.png", full_page=True)
+
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    wait_for_step(page, 12)
+    steer(api, job_id, "rollback", {"step": 10, "skip_data": True})
+    expect(page.locator("#feed li[data-kind=rollback]")).to_have_count(1, timeout=60_000)
+    wait_for_step(page, 14)
+    steer(api, job_id, "reshard", {"strategy": "GGG", "nodes": 1, "procs_per_node": 2})
+    expect(page.locator("#feed li[data-kind=reshard]")).to_have_count(1, timeout=60_000)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    wait_for_step(page, 20)
+    steer(api, job_id, "pause")
+    expect(page.locator("#state")).to_have_text("paused", timeout=ENGINE_START_S)
+    # mid-run: a page opened on the paused job equals the one that watched
+    paused = settled_view(page, job_id)
+    assert not differences(paused, opened_now(page, url, job_id, 3))
+
+    steer(api, job_id, "resume")
+    # the injected crash restarts the ranks from the newest checkpoint
+    expect(page.locator("#feed li[data-kind=restart]")).to_have_count(1, timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("completed", timeout=3 * ENGINE_START_S)
+    expect(page.locator("#results li")).to_have_count(4)
+    live = settled_view(page, job_id)
+    page.screenshot(path=output_dir / "1-live.png", full_page=True)
+
+    page.reload()
+    expect(page.locator("#live")).to_have_text("finished")
+    expect(page.locator("#results li")).to_have_count(4)
+    reloaded = settled_view(page, job_id)
+    page.screenshot(path=output_dir / "2-reloaded.png", full_page=True)
+    assert not differences(live, reloaded), differences(live, reloaded)
+    assert live["charts"]["chart-memory"] and live["charts"]["chart-system"]
+    assert all("done" in row for row in live["commands"]), live["commands"]
+    feed_steps = [int(re.match(r"step (\d+)", row).group(1)) for row in live["feed"]]
+    assert feed_steps == sorted(feed_steps, reverse=True)
+    assert_the_op_stack_adds_up(live["charts"]["chart-ops"], job_id)
