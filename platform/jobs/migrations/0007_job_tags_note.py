@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0005_command_kind_choices_from_the_contract"),
+        ("jobs", "0006_command_kind_set"),
     ]
 
     operations = [
