@@ -71,6 +71,18 @@ class CommandKind(StrEnum):
     RESHARD = "reshard"
 
 
+class PauseMode(StrEnum):
+    """`pause` args `mode`: cold (the default) checkpoints and stops the ranks, freeing the
+    worker; warm keeps them alive at a step boundary, their state in memory, until a `resume`
+    (or, past `max_s`, turns cold)."""
+
+    COLD = "cold"
+    WARM = "warm"
+
+
+WARM_PAUSE_MAX_S = 600.0  # `pause` args `max_s` when absent: how long a warm pause may last
+
+
 @dataclass(frozen=True)
 class CommandRule:
     """When a command may be issued and the state the job takes while it is carried out
@@ -233,7 +245,8 @@ class StateEvent(Event):
     parallel: dict | None = None  # resharding: the new layout
     micro_batch: int | None = None  # resharding: the micro-batch that keeps the global batch
     error: str | None = None  # failed
-    reason: str | None = None  # cancelled
+    reason: str | None = None  # cancelled; a warm pause that turned cold
+    mode: str | None = None  # paused (and running again after it): a PauseMode
     traceback: str | None = None
 
 

@@ -27,7 +27,7 @@ from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
 from engine.paro import ShardedDataParallel
 from engine.runtime.checkpointing import TrainCheckpoints
-from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome
+from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome, PauseWait
 from engine.runtime.control import ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
@@ -95,14 +95,14 @@ class Trainer:
         )
         self.response = FaultResponse(self.faults, self.emit)
         self.inbox = CommandInbox(control if self.rank == 0 else None, self.emit)
-        self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit)
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
         self.hangs = HangReports(run_dir, self.rank, policy.hang_timeout_s, self.emit,
                                  publisher=self.events is not None)
         self.watchdog = HangWatchdog(self.timer, policy.hang_timeout_s, run_dir / "hangs",
                                      on_hang=self.hangs.on_hang)
+        self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
+                                       self.emit, PauseWait(self.inbox, self.watchdog))
         self.hangs.publish()
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:
