@@ -63,6 +63,7 @@ from jobs.serializers import (
     JobSerializer,
     NewApiTokenSerializer,
     NewWebhookSerializer,
+    PauseBody,
     PlanQuery,
     PlanSerializer,
     ReshardBody,
@@ -191,13 +192,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise Conflict(e) from e
         return Response(CommandSerializer(command).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
-                   description="Checkpoint at the next step boundary and stop, freeing the "
-                   "worker (running → pausing → paused).")
+    @extend_schema(request=PauseBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Cold (default): checkpoint at the next step boundary and stop, "
+                   "freeing the worker (running → pausing → paused). `{\"mode\": \"warm\"}`: "
+                   "the ranks idle at the step boundary with their state in memory, holding "
+                   "the worker, until a resume (or `max_s`, then it turns cold).")
     @action(detail=True, methods=["post"])
     @idempotent
     def pause(self, request: Request, pk: str) -> Response:
-        return self._steer(request, CommandKind.PAUSE, CommandBody)
+        return self._steer(request, CommandKind.PAUSE, PauseBody)
 
     @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
                    description="Queue a paused job again; it continues from its newest "

@@ -151,6 +151,9 @@ JOB_CANCEL_COMMAND_WAIT_S = float(os.environ.get("JOB_CANCEL_COMMAND_WAIT_S", "3
 JOB_HEARTBEAT_S = float(os.environ.get("JOB_HEARTBEAT_S", "5"))
 JOB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("JOB_HEARTBEAT_TIMEOUT_S", "30"))
 JOB_REAPER_INTERVAL_S = float(os.environ.get("JOB_REAPER_INTERVAL_S", "10"))
+# How long a warm pause (`pause` with `{"mode": "warm"}`) keeps the ranks and the worker's
+# slots before it turns cold (checkpoint, stop); a pause's own `max_s` overrides it.
+JOB_WARM_PAUSE_MAX_S = float(os.environ.get("JOB_WARM_PAUSE_MAX_S", "600"))
 CELERY_BEAT_SCHEDULE = {
     "reap-lost-supervisors": {"task": "jobs.tasks.reap", "schedule": JOB_REAPER_INTERVAL_S,
                               "options": {"expires": JOB_REAPER_INTERVAL_S}},
