@@ -39,6 +39,8 @@ export class Controls {
     for (const kind of [...Object.keys(LABEL), "clone"]) {
       document.getElementById(kind).addEventListener("click", () => this.click(kind));
     }
+    // a warm pause keeps the ranks in memory (the worker stays held); resume is immediate
+    document.getElementById("pause-warm").addEventListener("click", () => this.send("pause", { mode: "warm" }, "pause-warm"));
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
     const layout = job.spec.parallel ?? {};
@@ -71,6 +73,7 @@ export class Controls {
     for (const kind of Object.keys(LABEL)) document.getElementById(kind).disabled = !this.allowed(kind, state);
     // the buttons in the rollback and reshard panels send those commands
     for (const kind of ["rollback", "reshard"]) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
+    document.getElementById("pause-warm").disabled = !this.allowed("pause", state);
   }
 
   click(kind) {
@@ -84,8 +87,8 @@ export class Controls {
     return this.send(kind);
   }
 
-  async send(kind, body) {
-    const button = document.getElementById(kind);
+  async send(kind, body, buttonId = kind) {
+    const button = document.getElementById(buttonId);
     button.disabled = true;
     const { ok, status, data } = await api(`/api/jobs/${this.job.id}/${kind}/`, { method: "POST", body });
     if (!ok) {
