@@ -51,6 +51,8 @@ class JobState(StrEnum):
     RUNNING = "running"
     PAUSING = "pausing"
     PAUSED = "paused"
+    # the ranks idle in memory, the worker held (the engine's `state` event: paused, mode warm)
+    PAUSED_WARM = "paused_warm"
     ROLLING_BACK = "rolling_back"
     RESHARDING = "resharding"
     COMPLETING = "completing"
@@ -95,7 +97,8 @@ class CommandRule:
 _S = JobState
 COMMAND_RULES: dict[CommandKind, CommandRule] = {
     CommandKind.PAUSE: CommandRule(frozenset({_S.RUNNING}), _S.PAUSING),
-    CommandKind.RESUME: CommandRule(frozenset({_S.PAUSED}), _S.QUEUED),
+    # a cold pause is queued again; a warm one goes on in its running engine (→ running)
+    CommandKind.RESUME: CommandRule(frozenset({_S.PAUSED, _S.PAUSED_WARM}), _S.QUEUED),
     CommandKind.CANCEL: CommandRule(frozenset(_S) - FINAL_STATES, _S.CANCELLED),
     CommandKind.CHECKPOINT: CommandRule(frozenset({_S.RUNNING}), None),
     CommandKind.ROLLBACK: CommandRule(frozenset({_S.RUNNING}), _S.ROLLING_BACK),
