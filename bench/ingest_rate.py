@@ -47,7 +47,7 @@ def measure(platform: Platform, steps: int, batch: int, types: set[str] | None) 
             break
         if types is None or type in types:
             kinds[type] += 1
-            published_bytes += len(json.dumps(log.emit(type, step, **fields)))
+            published_bytes += len(json.dumps(log.emit_wire(type, step, **fields)))
     log.close()
     published = sum(kinds.values())
 

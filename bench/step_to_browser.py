@@ -83,7 +83,7 @@ def main() -> None:
                 break
             if type == "step":  # a steady pace of steps; the step's other events follow it
                 time.sleep(max(0.0, started + (step - 1) / args.rate - time.monotonic()))
-            event = log.emit(type, step, **fields)
+            event = log.emit_wire(type, step, **fields)
             if type == "step":
                 published[step] = event["time"] * 1000
         log.close()

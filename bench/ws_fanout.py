@@ -113,7 +113,7 @@ def main() -> None:
             # a steady pace: each event in its own slot, however long the last one took
             time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
             type, step, fields = next(events)
-            log.emit(type, step, **fields)
+            log.emit_wire(type, step, **fields)
         log.close()
         result = json.loads(clients.communicate(timeout=DRAIN_TIMEOUT_S + 30)[0])
         delays = distribution(result["delays_ms"])

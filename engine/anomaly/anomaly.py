@@ -28,7 +28,7 @@ class Anomaly:
                              f"got {self.severity!r}")
 
     def event_fields(self) -> dict[str, Any]:
-        """Fields of the `anomaly` event: `events.emit("anomaly", a.step, **a.event_fields())`."""
+        """Fields of the `anomaly` event: `AnomalyEvent(step=a.step, **a.event_fields())`."""
         fields = asdict(self)
         del fields["step"]
         return fields

@@ -35,13 +35,18 @@ class EwmaZ:
 
     def __init__(self, alpha: float, warmup: float, z: float, min_rise: float,
                  max_factor: float, max_after: float, wide: float):
-        self.alpha, self.warmup, self.z, self.min_rise = alpha, warmup, z, min_rise
-        self.max_factor, self.max_after, self.wide = max_factor, max_after, wide
+        self.retune(alpha, warmup, z, min_rise, max_factor, max_after, wide)
         self.n = 0
         self.mean = 0.0
         self.var = 0.0
         self.max = -math.inf
         self.run = 0  # flagged values in a row
+
+    def retune(self, alpha: float, warmup: float, z: float, min_rise: float,
+               max_factor: float, max_after: float, wide: float) -> None:
+        """New thresholds; the statistics gathered so far stay."""
+        self.alpha, self.warmup, self.z, self.min_rise = alpha, warmup, z, min_rise
+        self.max_factor, self.max_after, self.wide = max_factor, max_after, wide
 
     def update(self, x: float) -> dict[str, Any] | None:
         std = math.sqrt(self.var)
@@ -96,6 +101,13 @@ class Detectors:
         self.idle_steps: dict[str, list[int]] = {}  # layer -> per-expert idle streak
         self.entropy: dict[str, list[float]] = {}
         self.collapsed: list[str] = []
+
+    def set_thresholds(self, policy: FaultPolicy) -> None:
+        """The policy's thresholds from the next check on (the other detectors read
+        `thresholds` at each check); what was seen so far stays."""
+        self.thresholds = policy_thresholds(policy)
+        self.loss.retune(**_ewma(self.thresholds["loss_spike"]))
+        self.grad.retune(**_ewma(self.thresholds["grad_spike"]))
 
     # -- scalars every rank sees each step -------------------------------------------------
     def check_step(self, step: int, loss: float | None = None, grad_norm: float | None = None,

@@ -2,7 +2,7 @@
 
     ladder = ResponseLadder(spec.faults.policy)
     for d in ladder.decide(agreed_anomalies, step, now):      # identical input on every rank
-        events.emit("action", step, **d.event_fields())       # rank 0
+        ...  # rank 0 publishes each as an `action` event (runtime.response.decision_event)
     # carry out decisions[0].action (the strongest); the rest are recorded
 
 Each kind has a ladder of actions (policy.DEFAULT_LADDERS, overridden per kind by
@@ -41,7 +41,7 @@ class Decision:
     params: dict[str, Any] = field(default_factory=dict)
 
     def event_fields(self) -> dict[str, Any]:
-        """Fields of the `action` event: `events.emit("action", d.step, **d.event_fields())`."""
+        """The decision's fields as its `action` event carries them on the wire."""
         return {"action": self.action, "anomaly": self.anomaly, "rung": self.rung,
                 "rank": self.rank, "by": "policy", "reason": self.reason, **self.params}
 
@@ -62,6 +62,9 @@ class ResponseLadder:
         self.retries: dict[int, int] = {}  # step -> retries taken
         self.rollback_times: list[float] = []
         self.restarts = 0
+
+    def set_ladders(self, policy: FaultPolicy) -> None:
+        self.ladders = policy_ladders(policy)
 
     def decide(self, anomalies: list[Anomaly], step: int, now: float) -> list[Decision]:
         """One decision per anomaly kind present, strongest first. `now` is wall-clock seconds

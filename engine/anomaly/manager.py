@@ -34,6 +34,12 @@ class FaultManager:
         self.group = group
         self._reported: collections.deque[Anomaly] = collections.deque()
 
+    def set_policy(self, policy: FaultPolicy) -> None:
+        """New thresholds and ladders from the next step on; what the detectors have seen and
+        the rungs reached so far are kept."""
+        self.detectors.set_thresholds(policy)
+        self.ladder.set_ladders(policy)
+
     def report(self, anomaly: Anomaly) -> None:
         """Queue an anomaly found elsewhere (the watchdog's thread); safe from any thread.
         It joins the next `step`'s agreement."""

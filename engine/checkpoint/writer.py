@@ -139,6 +139,13 @@ class Checkpointer:
         # a clean interpreter exit flushes pending saves (daemon threads still run in atexit)
         atexit.register(_close_if_alive, weakref.ref(self))
 
+    def set_schedule(self, every: int, keep: int, memory_every: int) -> None:
+        """A new schedule and retention from now on (validated by the caller); a memory
+        schedule on a checkpointer without the memory tier opens the default one."""
+        self.every, self.keep, self.memory_every = every, keep, memory_every
+        if memory_every > 0 and self.memory_dir is None:
+            self.memory_dir = default_memory_dir(self.directory)
+
     def due(self, step: int) -> str | None:
         """"disk", "memory" or None: which save the schedule asks for at `step`."""
         if self.every > 0 and step % self.every == 0:

@@ -132,6 +132,12 @@ class ShardedDataParallel:
 
     # ---- the training loop's interface -------------------------------------------------
 
+    def set_weight_decay(self, weight_decay: float) -> None:
+        """AdamW's decay from the next step on (a live `set`); still for matrices only."""
+        self.weight_decay = weight_decay
+        self._adam_groups = [(runs, weight_decay if decay else 0.0)
+                             for runs, decay in self._adam_groups]
+
     def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
         """One micro-step: forward, backward of loss / grad_accum, the micro-step collectives."""
         if self._micro_steps == self.grad_accum:

@@ -24,6 +24,7 @@ class TrainCheckpoints:
     def __init__(self, ckpt: Checkpointer, dp: ShardedDataParallel, state: TrainState,
                  timer: OpTimer, emit: Callable[[Event], None]):
         self.ckpt, self.dp, self.state, self.timer, self.emit = ckpt, dp, state, timer, emit
+        state.settings.checkpointer = ckpt  # a `set` of checkpoint.* changes its schedule
 
     def save(self, to_disk: bool = True) -> Path:
         shards = self.dp.sharded_state()
@@ -80,10 +81,12 @@ class TrainCheckpoints:
         self.emit(LogEvent(step=self.state.step, level="info",
                            message=f"resumed at step {self.state.step} from {path}"))
 
-    def rollback(self, step: int | None, name: str | None, skip_data: bool) -> dict:
+    def rollback(self, step: int | None, name: str | None, skip_data: bool,
+                 keep_settings: bool = True) -> dict:
         """Go back to a kept checkpoint in-process: the one named, or the newest at or before
         `step`. With skip_data the loader keeps its position, so the window between that
-        checkpoint and now is not trained on again."""
+        checkpoint and now is not trained on again; with keep_settings the live settings
+        stay as they are now, else they are the checkpoint's."""
         self.ckpt.wait()
         dist.barrier()
         target = find(self.ckpt.tiers, step=step, name=name)
@@ -93,10 +96,12 @@ class TrainCheckpoints:
         from_step, position = state.step, state.loader.position
         # the live ladder remembers the rollbacks and retries just taken, which the older
         # checkpoint does not: only the detectors go back
-        ladder = state.faults.ladder.state_dict()
+        ladder, settings = state.faults.ladder.state_dict(), state.settings.state_dict()
         with CheckpointReader(target) as reader:
             self.load(reader)
         state.faults.ladder.load_state_dict(ladder)
+        if keep_settings:
+            state.settings.load_state_dict(settings)
         if skip_data:
             state.loader.position = position
         self.ckpt.forget_after(state.step)
@@ -104,7 +109,7 @@ class TrainCheckpoints:
         # abandoned one's folders (a folder of the same step would be deleted under it)
         dist.barrier()
         return {"checkpoint": str(target.path), "to_step": state.step, "from_step": from_step,
-                "skip_data": skip_data}
+                "skip_data": skip_data, "settings": "kept" if keep_settings else "restored"}
 
     def close(self, drop_memory_tier: bool = False) -> None:
         if drop_memory_tier:  # the memory tier is shared: no rank drops it while one writes

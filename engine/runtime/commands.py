@@ -35,6 +35,7 @@ from engine.contract import (
     StateEvent,
 )
 from engine.runtime.control import ControlChannel
+from engine.runtime.settings import LiveSettings
 from engine.runtime.spec import JobSpec, SpecError, parse_spec, with_layout
 
 Emit = Callable[[Event], None]
@@ -165,7 +166,8 @@ class Checkpoints(Protocol):
 
     def persist(self) -> None: ...
 
-    def rollback(self, step: int | None, name: str | None, skip_data: bool) -> dict: ...
+    def rollback(self, step: int | None, name: str | None, skip_data: bool,
+                 keep_settings: bool = True) -> dict: ...
 
 
 class HasStep(Protocol):
@@ -174,10 +176,12 @@ class HasStep(Protocol):
 
 class CommandHandler:
     def __init__(self, spec: JobSpec, world_size: int, state: HasStep,
-                 checkpoints: Checkpoints, emit: Emit, wait: PauseWait):
+                 checkpoints: Checkpoints, emit: Emit, settings: LiveSettings,
+                 wait: PauseWait):
         self.spec, self.world_size, self.state = spec, world_size, state
         self.checkpoints = checkpoints
         self.emit = emit
+        self.settings = settings
         self.wait = wait
 
     def handle(self, commands: list[Command]) -> Outcome | None:
@@ -203,8 +207,13 @@ class CommandHandler:
             step, name = args.get("step"), args.get("checkpoint")
             if not name and (not isinstance(step, int) or step < 0):
                 raise CommandRefused("rollback needs args.step (an integer) or args.checkpoint")
+            keep = args.get("keep_settings", True)  # the live settings outlive the rollback
+            if not isinstance(keep, bool):
+                raise CommandRefused("rollback: args.keep_settings must be true or false")
             self._ack(command, **self.checkpoints.rollback(
-                step, name, bool(args.get("skip_data", False))))
+                step, name, bool(args.get("skip_data", False)), keep))
+        elif kind == CommandKind.SET:
+            self._ack(command, changes=self.settings.change(args))
         elif kind == CommandKind.PAUSE and (max_s := warm_pause_limit(args)) is not None:
             return self._pause_warm(command, max_s)
         elif kind in (CommandKind.PAUSE, CommandKind.RESHARD):

@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.contract import EVENT_TYPES, Event, _jsonable, control_stream, events_stream
+from engine.contract import Event, _jsonable, control_stream, events_stream
 
 if TYPE_CHECKING:
     import redis
@@ -115,20 +115,21 @@ class EventLog:
                 last = max(last, int(newest[0][0].split(b"-")[0]))
         self.seq = last
 
-    def emit(self, event: Event | str, step: int = 0, **fields: Any) -> dict[str, Any]:
+    def emit(self, event: Event) -> dict[str, Any]:
         """Stamp `event` with the job, the time and the next sequence number, write it and
-        return its wire form (`event.to_dict()`). `emit(type, step, **fields)` is the untyped
-        form that writers outside the engine (platform tests, benchmarks) still use."""
-        if isinstance(event, str) and event not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {event!r}; valid: {', '.join(EVENT_TYPES)}")
+        return its wire form (`event.to_dict()`)."""
         self.seq += 1
-        if isinstance(event, str):
-            wire = _jsonable({"type": event, "job": self.job, "step": step, "time": time.time(),
-                              "seq": self.seq, **fields})
-        else:
-            wire = dataclasses.replace(event, job=self.job, time=time.time(),
-                                       seq=self.seq).to_dict()
-            wire = {key: wire[key] for key in _HEAD} | wire
+        wire = dataclasses.replace(event, job=self.job, time=time.time(), seq=self.seq).to_dict()
+        return self._write({key: wire[key] for key in _HEAD} | wire)
+
+    def emit_wire(self, type: str, step: int, **fields: Any) -> dict[str, Any]:
+        """Write an event as given, typed or not: for tests and benchmarks that replay recorded
+        streams or feed the platform deliberately malformed events. The engine uses `emit`."""
+        self.seq += 1
+        return self._write(_jsonable({"type": type, "job": self.job, "step": step,
+                                      "time": time.time(), "seq": self.seq, **fields}))
+
+    def _write(self, wire: dict[str, Any]) -> dict[str, Any]:
         self.last_step = wire["step"]
         line = json.dumps(wire, separators=(",", ":"))
         if self._file is not None:

@@ -51,6 +51,7 @@ class TrainSpec:
     seq_len: int = 256
     lr: float = 2e-3
     warmup: int = 20
+    decay_end: int = 0  # the step the cosine decay reaches min_lr_ratio; 0 = steps
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -79,6 +80,15 @@ class FaultsSpec:
 
 
 @dataclass
+class ModelInit:
+    """Where the first weights come from (`model.init_from`, engine.runtime.init_from): a
+    Hugging Face Glm4Moe folder or a Ringside checkpoint; "" = a fresh initialisation."""
+
+    init_from: str = ""
+    init_optimizer: bool = False  # a Ringside checkpoint's Adam state too
+
+
+@dataclass
 class JobSpec:
     name: str
     model: MoEConfig = field(default_factory=MoEConfig)
@@ -88,11 +98,15 @@ class JobSpec:
     faults: FaultsSpec = field(default_factory=FaultsSpec)
     # the preset the model fields started from, kept so the UI can show it
     preset: str = ""
+    # given in the model section, beside the MoEConfig fields (not a field of its own)
+    init: ModelInit = field(default_factory=ModelInit, init=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; `parse_spec(spec.to_dict())` gives back an equal spec."""
         data = dataclasses.asdict(self)
-        data["model"] = {"preset": self.preset, **data["model"]} if self.preset else data["model"]
+        init = {k: v for k, v in data.pop("init").items() if v}  # a fresh start adds nothing
+        data["model"] = {**({"preset": self.preset} if self.preset else {}), **init,
+                         **data["model"]}
         del data["preset"]
         return data
 
@@ -109,11 +123,14 @@ def parse_spec(data: Any) -> JobSpec:
     model_data = data.pop("model", {})
     preset_name = ""
     model = None
+    init_data: dict[str, Any] = {}
     if not isinstance(model_data, dict):
         errors["model"] = "must be an object"
     else:
         model_data = dict(model_data)
         preset_name = model_data.pop("preset", "")
+        init_data = {k: model_data.pop(k) for k in ("init_from", "init_optimizer")
+                     if k in model_data}
         base: MoEConfig | None = MoEConfig()
         if preset_name:
             if preset_name not in PRESETS:
@@ -126,10 +143,12 @@ def parse_spec(data: Any) -> JobSpec:
             _add_new(errors, {f"model.{k}": v for k, v in model.validate().items()})
 
     spec = _build(JobSpec, {**data, "model": {}}, "", errors)
+    init = _build(ModelInit, init_data, "model", errors)
     if spec is not None:
         if model is not None:
             spec.model = model
         spec.preset = preset_name
+        spec.init = init or ModelInit()
         _add_new(errors, _check_semantics(spec))
     if errors:
         raise SpecError(errors)
@@ -175,16 +194,16 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
             errors[path] = "must be at least 1"
     for path, value in [
         ("train.warmup", t.warmup), ("train.eval_every", t.eval_every),
-        ("train.threads", t.threads), ("train.seed", t.seed),
-        ("train.trace_every", t.trace_every),
+        ("train.threads", t.threads), ("train.seed", t.seed), ("train.decay_end", t.decay_end),
+        ("train.trace_every", t.trace_every), ("train.weight_decay", t.weight_decay),
         ("checkpoint.every", c.every), ("checkpoint.memory_every", c.memory_every),
     ]:
         if value < 0:
             errors[path] = "must be at least 0"
     if p.strategy not in (*STRATEGIES, "auto"):
         errors["parallel.strategy"] = f"unknown strategy; valid: {', '.join(STRATEGIES)}, auto"
-    if t.lr <= 0:
-        errors["train.lr"] = "must be positive"
+    if not t.lr > 0:  # NaN too
+        errors["train.lr"] = "must be a positive number"
     if not 0 <= t.min_lr_ratio <= 1:
         errors["train.min_lr_ratio"] = "must be between 0 and 1"
     if t.grad_clip < 0:
@@ -193,6 +212,8 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         errors["train.seq_len"] = (
             f"must be at most model.max_position_embeddings ({spec.model.max_position_embeddings})"
         )
+    if spec.init.init_optimizer and not spec.init.init_from:
+        errors["model.init_optimizer"] = "needs model.init_from (a Ringside checkpoint)"
     d = t.dataset
     if d.kind != "stdlib" and not d.paths:
         errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"

@@ -9,22 +9,28 @@ from torch import nn
 
 from engine.anomaly import FaultManager
 from engine.runtime.data import TokenLoader
+from engine.runtime.settings import LiveSettings
+from engine.runtime.spec import JobSpec
 
 
-class HasAdamStep(Protocol):
+class Optimizer(Protocol):
     adam_step: int  # the sharded optimizer's step count (its moments are in the shards)
+
+    def set_weight_decay(self, weight_decay: float) -> None: ...
 
 
 class TrainState:
     """Where the run is (optimizer steps done, tokens trained on) and what must resume with
     it: the data position, the RNG, Adam's step count, the replicated model buffers (the MoE
-    expert bias) and the detectors' and the response ladder's memory."""
+    expert bias), the detectors' and the response ladder's memory, and the live settings
+    (the `set` commands' changes over the spec)."""
 
-    def __init__(self, model: nn.Module, optimizer: HasAdamStep, loader: TokenLoader,
-                 faults: FaultManager):
+    def __init__(self, model: nn.Module, optimizer: Optimizer, loader: TokenLoader,
+                 faults: FaultManager, spec: JobSpec):
         self.step = 0  # optimizer steps done
         self.tokens = 0
         self.model, self.optimizer, self.loader, self.faults = model, optimizer, loader, faults
+        self.settings = LiveSettings(spec, optimizer, faults)
 
     def state_dict(self) -> dict[str, Any]:
         params = {name for name, _ in self.model.named_parameters()}
@@ -33,6 +39,7 @@ class TrainState:
             "tokens": self.tokens,
             "adam_step": self.optimizer.adam_step,
             "faults": self.faults.state_dict(),
+            "settings": self.settings.state_dict(),
             "loader": self.loader.state_dict(),
             "rng": torch.get_rng_state(),
             # replicated buffers travel whole (the parameters are in the shards)
@@ -47,3 +54,4 @@ class TrainState:
         torch.set_rng_state(state["rng"])
         self.model.load_state_dict(state["buffers"], strict=False)
         self.faults.load_state_dict(state["faults"])
+        self.settings.load_state_dict(state.get("settings", {}))  # none before `set` existed

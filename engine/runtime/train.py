@@ -5,8 +5,7 @@ wrapper and the loop's components, then runs optimizer steps. Each component own
 and state: the fault response (`response`), the commands (`commands`), the measurements and
 their events (`telemetry`), the checkpoints (`checkpointing`) and the loop's own progress
 (`state`, saved with every checkpoint). Every rank runs the same code; rank 0 publishes events.
-Decisions that must agree across ranks are taken from all-reduced values only, so every rank
-acts at the same step.
+Decisions that must agree across ranks come from all-reduced values only: all act at one step.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
+from engine.runtime.init_from import load_optimizer, load_weights
 from engine.runtime.response import (
     Apply,
     Discard,
@@ -75,6 +75,8 @@ class Trainer:
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = cast_parameters(MoEModel(spec.model).to(self.device),
                                      param_dtype(self.device))
+        if not resume_from:  # a resumed run's own checkpoint wins over model.init_from
+            load_weights(spec, self.model, self.emit)
         # every rank times its own ops and runs the detectors; aggregation and decisions are
         # collective, so all ranks act alike
         self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=t.trace_every)
@@ -83,7 +85,7 @@ class Trainer:
             grad_accum=t.grad_accum, collective=p.collective, timer=self.timer,
         )
         self.faults = FaultManager(policy, self.rank)
-        self.state = TrainState(self.model, self.dp, self.loader, self.faults)
+        self.state = TrainState(self.model, self.dp, self.loader, self.faults, spec)
         self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state,
                                             self.timer, self.emit)
         self.telemetry = Telemetry(
@@ -102,20 +104,21 @@ class Trainer:
         self.watchdog = HangWatchdog(self.timer, policy.hang_timeout_s, run_dir / "hangs",
                                      on_hang=self.hangs.on_hang)
         self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit, PauseWait(self.inbox, self.watchdog))
+                                       self.emit, self.state.settings,
+                                       PauseWait(self.inbox, self.watchdog))
         self.hangs.publish()
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:
             self.checkpoints.resume(resume_from)
+        else:
+            load_optimizer(spec, self.dp)
 
     def _data(self) -> tuple[TokenLoader, torch.Tensor]:
         t = self.spec.train
         splits = load_tokens(t.dataset)
         if splits.vocab_size > self.spec.model.vocab_size:
-            raise DataError(
-                f"model.vocab_size: {self.spec.model.vocab_size} is smaller than the "
-                f"tokenizer's vocabulary ({splits.vocab_size})"
-            )
+            raise DataError(f"model.vocab_size: {self.spec.model.vocab_size} is smaller than "
+                            f"the tokenizer's vocabulary ({splits.vocab_size})")
         loader = TokenLoader(splits.train, t.seq_len, t.micro_batch, self.rank, self.world_size,
                              t.seed)
         return loader, splits.heldout
@@ -173,7 +176,7 @@ class Trainer:
         if not isinstance(verdict, Apply):
             self._drop_update(verdict, position)
             return None
-        lr = lr_at(s.step, t) * verdict.lr_factor
+        lr = lr_at(s.step, t) * s.settings.lr_factor * verdict.lr_factor
         with self.timer.op("optimizer", kind="compute"):
             grad_norm = self.dp.step(lr, t.grad_clip)
         if verdict.checkpoint:

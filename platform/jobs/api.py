@@ -34,6 +34,7 @@ from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe.config import preset
 from engine.paro.planner import plan
+from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import idempotency
 from jobs.errors import (
@@ -68,11 +69,12 @@ from jobs.serializers import (
     PlanSerializer,
     ReshardBody,
     RollbackBody,
+    SetBody,
     WebhookSerializer,
 )
 from jobs.steering import audit, issue
 from monitor.api import SERIES, MetricsQuery, metrics_payload
-from monitor.models import Anomaly, Checkpoint
+from monitor.models import Action, Anomaly, Checkpoint
 
 # Links the planner prices collectives with (engine.paro.planner's command-line defaults):
 # 800 Gbit/s and 5 us within a node, 100 Gbit/s and 20 us between nodes.
@@ -241,6 +243,26 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def checkpoint(self, request: Request, pk: str) -> Response:
         return self._steer(request, CommandKind.CHECKPOINT, CommandBody)
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=STEERED,
+                   parameters=[idempotency.PARAMETER],
+                   description="Change live settings at the next step boundary: a flat object of "
+                   "dotted spec keys (engine.runtime.settings.SETTABLE). A bad key or value "
+                   "answers 400 naming it, and nothing is sent.",
+                   examples=[OpenApiExample("lr", value={"train.lr": 0.001,
+                                                         "checkpoint.every": 20})])
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def set(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.SET, SetBody)
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **ERRORS}, filters=False,
+                   description="The live settings: `effective` values (the spec's, with the "
+                   "`set` commands the engine carried out over them) and their `history`, "
+                   "`[{step, changes: {key: {old, new}}, by}]`, from the stored action events.")
+    @action(detail=True, methods=["get"], url_path="settings", url_name="settings")
+    def live_settings(self, request: Request, pk: str) -> Response:
+        return Response(settings_history(self.get_object()))
+
     def _page(self, rows, serializer_class) -> Response:
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(serializer_class(page, many=True).data)
@@ -296,6 +318,36 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def metrics(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         return Response(metrics_payload(job.pk, request.query_params))
+
+
+def settings_history(job: Job) -> dict:
+    """Replays the job's `set` actions over its spec. A rollback that restored a checkpoint's
+    settings drops the changes made at or after that checkpoint's step (a checkpoint is saved
+    before the step's commands are carried out) and enters the history as "rollback"."""
+    launched = launched_values(parse_spec(job.spec))
+    by = {str(pk): user for pk, user in
+          job.commands.filter(kind=CommandKind.SET).values_list("pk", "requested_by")}
+    history: list[dict] = []
+    in_force: list[dict] = []  # the set entries in force, oldest first
+    effective = launched
+    for row in Action.objects.filter(job=job, action__in=("set", "rollback")).order_by("seq"):
+        if row.action == "set":
+            entry = {"step": row.step, "changes": row.details.get("changes", {}),
+                     "by": by.get(row.command, row.by)}
+            in_force.append(entry)
+        elif row.details.get("settings") == "restored":
+            to_step = int(row.details.get("to_step", 0))
+            in_force = [e for e in in_force if e["step"] < to_step]
+            entry = {"step": row.step, "changes": {}, "by": "rollback"}
+        else:
+            continue
+        now = {**launched, **{k: c["new"] for e in in_force for k, c in e["changes"].items()}}
+        if entry["by"] == "rollback":
+            entry["changes"] = {k: {"old": effective[k], "new": v} for k, v in now.items()
+                                if v != effective[k]}
+        effective = now
+        history.append(entry)
+    return {"effective": effective, "history": history}
 
 
 class CommandRulesView(APIView):

@@ -20,21 +20,13 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from engine.contract import COMMAND_RULES, FINAL_STATES, JobState
+from engine.contract import CommandKind as EngineCommandKind
 from engine.runtime.spec import with_layout
 
-
-class State(models.TextChoices):
-    QUEUED = "queued"
-    STARTING = "starting"
-    RUNNING = "running"
-    PAUSING = "pausing"
-    PAUSED = "paused"
-    ROLLING_BACK = "rolling_back"
-    RESHARDING = "resharding"
-    COMPLETING = "completing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+# the engine's job states and command kinds (engine.contract), as model field choices
+State = models.TextChoices("State", [(s.name, s.value) for s in JobState])
+CommandKind = models.TextChoices("CommandKind", [(k.name, k.value) for k in EngineCommandKind])
 
 
 class Cause(models.TextChoices):
@@ -47,7 +39,7 @@ class Cause(models.TextChoices):
 
 
 S = State
-TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
+TERMINAL = FINAL_STATES
 # states in which a supervisor owns the job and beats its heartbeat
 SUPERVISED = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.ROLLING_BACK, S.RESHARDING,
                         S.COMPLETING})
@@ -69,6 +61,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
 }
+# the states a running job takes while the engine carries out a command (COMMAND_RULES); it
+# runs on when the engine is done with it or refuses it
+STEERED = frozenset(rule.moves_to for rule in COMMAND_RULES.values()
+                    if rule.moves_to is not None and rule.allowed_in == {S.RUNNING})
 
 
 class IllegalTransition(Exception):
@@ -182,29 +178,27 @@ class Job(models.Model):
     def fail(self, error: str, cause: str = Cause.ENGINE) -> JobEvent:
         return self.transition(S.FAILED, cause, message=error)
 
+    def steer(self, kind: str, cause: str, actor: str, message: str) -> JobEvent | None:
+        """Make the move a command implies (COMMAND_RULES), or only check that the job's
+        state allows it (a checkpoint); IllegalTransition otherwise."""
+        rule = COMMAND_RULES[EngineCommandKind(kind)]
+        if rule.moves_to is None:
+            self.refresh_from_db(fields=["state"])
+            if self.state not in rule.allowed_in:
+                raise IllegalTransition(self, self.state, f"a {kind} needs a "
+                                        f"{' or '.join(sorted(rule.allowed_in))} job")
+            return None
+        return self.transition(rule.moves_to, cause, actor, message, expect=rule.allowed_in)
+
     def request_pause(self, cause: str, actor: str) -> JobEvent:
-        return self.transition(S.PAUSING, cause, actor, "pause requested",
-                               expect=frozenset({S.RUNNING}))
+        return self.steer(CommandKind.PAUSE, cause, actor, "pause requested")
 
     def mark_paused(self, message: str) -> JobEvent:
         return self.transition(S.PAUSED, Cause.ENGINE, message=message)
 
-    def request_resume(self, cause: str, actor: str) -> JobEvent:
-        return self.transition(S.QUEUED, cause, actor, "resume requested: queued to continue "
-                               "from its newest checkpoint", expect=frozenset({S.PAUSED}))
-
-    def begin_rollback(self, cause: str, actor: str, message: str) -> JobEvent:
-        return self.transition(S.ROLLING_BACK, cause, actor, message,
-                               expect=frozenset({S.RUNNING}))
-
-    def begin_reshard(self, cause: str, actor: str, message: str) -> JobEvent:
-        return self.transition(S.RESHARDING, cause, actor, message,
-                               expect=frozenset({S.RUNNING}))
-
     def back_to_running(self, message: str) -> JobEvent:
         """A rollback or reshard is done (or a steering command was refused)."""
-        return self.transition(S.RUNNING, Cause.ENGINE, message=message,
-                               expect=frozenset({S.ROLLING_BACK, S.RESHARDING, S.PAUSING}))
+        return self.transition(S.RUNNING, Cause.ENGINE, message=message, expect=STEERED)
 
     def adopt_layout(self, parallel: dict[str, Any], micro_batch: int) -> None:
         """The engine resharded onto `parallel`: later launches (a resume) use that layout."""
@@ -288,15 +282,6 @@ class CommandState(models.TextChoices):
     DELIVERED = "delivered"  # on the control stream; the engine acts at its next step boundary
     DONE = "done"
     REFUSED = "refused"
-
-
-class CommandKind(models.TextChoices):
-    PAUSE = "pause"
-    RESUME = "resume"
-    CANCEL = "cancel"
-    ROLLBACK = "rollback"
-    RESHARD = "reshard"
-    CHECKPOINT = "checkpoint"
 
 
 class Command(models.Model):
@@ -412,6 +397,13 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-time", "-id"]
         verbose_name_plural = "audit entries"
+
+    @classmethod
+    def record(cls, action: str, actor: str, cause: str, *, job: Job | None = None,
+               user: Any = None, **details: Any) -> AuditEntry:
+        """One entry; for a job, on behalf of its owner."""
+        return cls.objects.create(action=action, actor=actor, cause=cause, job=job,
+                                  user=user if job is None else job.owner, details=details)
 
 
 class Webhook(models.Model):

@@ -11,14 +11,28 @@ engine/anomaly). The platform watches those answers and the run's end, per job:
   (`policy.resume`), before the failure stands.
 
 A job's `platform` object (beside the spec in the create body) sets them; errors name the field.
+The job's supervisor hands this module the engine's policy actions (`auto_pause`) and the run's
+failure (`auto_resume`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
+
+from engine.contract import ActionBy, ActionEvent
+from jobs.commands import issue
+from jobs.dispatch import dispatch
+from jobs.launch import resume_point
+from jobs.models import Cause, CommandKind, IllegalTransition, Job, JobEvent, State
+from jobs.webhooks import notify
+from monitor.models import Action
+
+POLICY_ACTOR = "platform policy"
 AUTO_ACTION_WINDOW_S = 3600.0
 # answers that change nothing in the run: they do not count toward the hourly limit
 PASSIVE_ACTIONS = frozenset({"observe", "page", "refused"})
@@ -61,3 +75,46 @@ class PlatformPolicy:
 
     def wants_resume(self, resumes_so_far: int) -> bool:
         return resumes_so_far < self.resume_on_failure
+
+
+def policy_of(job: Job) -> PlatformPolicy:
+    return PlatformPolicy.parse(job.platform or None)
+
+
+def auto_pause(job: Job, event: ActionEvent) -> None:
+    """After an action of the engine's own fault policy: pause the running job for a person if
+    the engine acted on its own too often within the hour."""
+    if event.by != ActionBy.POLICY or event.action in PASSIVE_ACTIONS:
+        return
+    recent = Action.objects.filter(
+        job=job, by=ActionBy.POLICY, time__gte=time.time() - AUTO_ACTION_WINDOW_S,
+    ).exclude(action__in=PASSIVE_ACTIONS).count()
+    policy = policy_of(job)
+    job.refresh_from_db(fields=["state"])
+    if not policy.wants_pause(recent) or job.state != State.RUNNING:
+        return
+    reason = (f"the engine's fault policy acted {recent} times within an hour "
+              f"(limit {policy.max_auto_actions_per_hour}): paused for a person")
+    try:
+        issue(job, CommandKind.PAUSE, {"reason": reason}, actor=POLICY_ACTOR, cause=Cause.POLICY,
+              engine_args={})
+    except IllegalTransition:
+        return
+    notify(job, "policy.pause", {"reason": reason, "auto_actions": recent})
+
+
+def auto_resume(job: Job, reason: str) -> bool:
+    """The run failed for `reason`: queue it again to resume from its newest checkpoint if the
+    policy allows another resume and there is a checkpoint; whether it did."""
+    resumes = JobEvent.objects.filter(job=job, cause=Cause.POLICY,
+                                      to_state=State.QUEUED).count()
+    policy = policy_of(job)
+    if not policy.wants_resume(resumes) or resume_point(job) is None:
+        return False
+    with transaction.atomic():
+        job.requeue(Cause.POLICY, f"{reason}; the platform policy resumes it from its newest "
+                    f"checkpoint (resume {resumes + 1} of {policy.resume_on_failure})",
+                    actor=POLICY_ACTOR)
+        dispatch(job)
+    notify(job, "policy.resume", {"reason": reason, "resume": resumes + 1})
+    return True

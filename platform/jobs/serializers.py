@@ -6,9 +6,11 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, PauseMode
 from engine.moe.config import PRESETS
+from engine.runtime.settings import validate_settings
 from engine.runtime.spec import SpecError, parse_spec, with_layout
 from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
 from monitor.models import Anomaly, Checkpoint
@@ -123,12 +125,17 @@ class RollbackBody(CommandBody):
         required=False, min_value=0, help_text="go back to the newest checkpoint at or before")
     skip_data = serializers.BooleanField(
         default=False, help_text="skip the data window since that checkpoint")
+    keep_settings = serializers.BooleanField(
+        required=False, help_text="false: take the checkpoint's live settings (`set`) "
+                                  "rather than keep the current ones")
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         if ("checkpoint" in data) == ("step" in data):
             raise serializers.ValidationError(
                 {"checkpoint": "give exactly one of checkpoint and step"})
         engine_args: dict[str, Any] = {"skip_data": data["skip_data"]}
+        if "keep_settings" in data:
+            engine_args["keep_settings"] = data["keep_settings"]
         if "checkpoint" in data:
             try:
                 found = job_checkpoint(self.context["job"], data["checkpoint"])
@@ -162,6 +169,23 @@ class ReshardBody(CommandBody):
                 {"nodes": f"the global micro-batch ({batch} sequences) does not divide over "
                           f"{world} ranks"})
         return super().validate(data)
+
+
+class SetBody(CommandBody):
+    """Live settings as a flat object of dotted spec keys, e.g. `{"train.lr": 0.001,
+    "checkpoint.every": 20}`, checked by the engine's own validator
+    (engine.runtime.settings)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        return dict(data)  # the keys are dotted paths, not fields of this serializer
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            values = validate_settings(data)
+        except SpecError as e:
+            raise serializers.ValidationError(
+                {k or api_settings.NON_FIELD_ERRORS_KEY: v for k, v in e.errors.items()}) from e
+        return {"args": data, "engine_args": values}
 
 
 class CloneBody(serializers.Serializer):

@@ -34,6 +34,7 @@ from django.db import connection, transaction
 from jobs.models import Job, JobEvent
 from jobs.permissions import visible_jobs
 from monitor.ingest import job_group
+from monitor.messages import job_message
 from monitor.models import Event
 from monitor.series import metric_series, ops_sample
 from monitor.signals import STAFF_GROUP, user_group
@@ -68,7 +69,7 @@ def _user_for_token(key: str):
     return user_for_token(key)
 
 
-def SessionOrTokenAuth(inner):  # noqa: N802 (named like Channels' own middleware stacks)
+def SessionOrTokenAuth(inner: Any) -> Any:  # noqa: N802 (named like Channels' own middleware stacks)
     return AuthMiddlewareStack(TokenAuthMiddleware(inner))
 
 
@@ -161,8 +162,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     def _job_state(self) -> dict[str, Any]:
         """The job's current state as the `job` message the platform pushes on a change."""
         job = Job.objects.get(pk=self.job_id)
-        return {"type": "job", "seq": self.sent_seq, "state": job.state, "step": job.step,
-                "error": job.error}
+        return job_message(job, self.sent_seq, job.transitions.last())
 
     @database_sync_to_async
     def _snapshot(self) -> dict[str, Any]:

@@ -12,7 +12,13 @@ fails (Redis or the database went away) leaves the next one to start again from 
 consumer's unacknowledged entries, so an outage skips nothing and reorders nothing. Storage
 ignores sequence numbers it already has, so every event is stored exactly once.
 
-The job supervisor (jobs.tasks.run_job) drives one StreamIngest per job; `manage.py ingest`
+Each event is parsed through the engine's contract (engine.contract) once, while its batch is
+prepared: the typed rows come from the parsed event, and the supervisor gets the parsed events
+back from `poll`. An event the contract does not take (an unknown type, a missing or mistyped
+field) is logged with the field it names and stored as it came; of its typed rows it gives
+only a step event's metric points (every number it holds is charted, as before the contract).
+
+The job supervisor (jobs.supervisor) drives one StreamIngest per job; `manage.py ingest`
 runs the same loop as a process of its own.
 """
 
@@ -24,7 +30,7 @@ import math
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -33,7 +39,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
-from engine.runtime.events import events_stream
+from engine import contract
 from jobs.models import Job
 from monitor.models import (
     Action,
@@ -54,9 +60,15 @@ GROUP = "ringside-ingest"
 # events (a few KB each) stays well under a megabyte
 FORWARD_CHUNK = 64
 DEFAULT_CLAIM_IDLE_MS = 30_000
+READ_COUNT = 500  # stream entries read per batch
 SQL_PARAMETERS = 999  # a statement's parameters at most: SQLite's oldest limit
 # reads the next batch of each StreamIngest while it stores the current one
 _READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-read-ahead")
+# an action event's fields that are columns of its row; the rest is the row's `details`
+ACTION_NOT_DETAILS = frozenset({"type", "job", "step", "time", "seq", "action", "by", "command",
+                                "anomaly"})
+
+E = TypeVar("E", bound=contract.Event)
 
 
 def job_group(job_id: int) -> str:
@@ -98,80 +110,103 @@ def step_metrics(event: dict[str, Any]) -> dict[str, float | None]:
     return metrics
 
 
-def _latest_per_step(events: list[dict[str, Any]], type: str) -> list[dict[str, Any]]:
-    """Of the events of `type`, the latest (highest seq) for each step: a step trained again
+def _latest_per_step(events: list[contract.Event], kind: type[E]) -> list[E]:
+    """Of the events of `kind`, the latest (highest seq) for each step: a step trained again
     (after a restart or a rollback) replaces its earlier values."""
-    latest: dict[int, dict[str, Any]] = {}
+    latest: dict[int, E] = {}
     for e in events:
-        if e["type"] == type:
-            latest[e["step"]] = e  # events arrive sorted by seq
+        if isinstance(e, kind):
+            latest[e.step] = e  # events arrive sorted by seq
     return list(latest.values())
 
 
 @dataclass
 class Batch:
-    """Events sorted by seq, with the rows they are stored as (by model) and their last step."""
+    """Events sorted by seq: as published (`events`, which are stored and forwarded), and
+    parsed (`parsed`: those that keep the contract), with the rows they are stored as (by
+    model) and their last step."""
 
     events: list[dict[str, Any]]
+    parsed: list[contract.Event]
     rows: dict[type, list[tuple]]
     last_step: int
 
 
-def prepare(job_id: int, events: Iterable[dict[str, Any]]) -> Batch:
+def prepare(job_id: int, events: Iterable[Any]) -> Batch:
     """The rows that storing `events` writes, built before the transaction that writes them
-    (the ingest builds the next batch's while it stores this one)."""
-    events = sorted(events, key=lambda e: e["seq"])
-    return Batch(events, _rows(job_id, events),
-                 max((e.get("step", 0) for e in events), default=0))
+    (the ingest builds the next batch's while it stores this one). Each event is parsed once,
+    here; one the contract does not take is logged and stored as it came."""
+    events = sorted((e for e in events if _has_seq(job_id, e)), key=lambda e: e["seq"])
+    parsed = [p for p in (_parsed(job_id, e) for e in events) if p is not None]
+    return Batch(events, parsed, _rows(job_id, events, parsed),
+                 max((_integer(e.get("step")) for e in events), default=0))
 
 
-def _rows(job_id: int, events: list[dict[str, Any]]) -> dict[type, list[tuple]]:
-    """The rows of a batch of events (sorted by seq), by model: each event's own, then the
-    typed rows drawn from it."""
+def _has_seq(job_id: int, event: Any) -> bool:
+    """Whether `event` can be stored at all: an object with its sequence number."""
+    if isinstance(event, dict) and _integer(event.get("seq")):
+        return True
+    log.error("job %s: event without a sequence number skipped: %.200r", job_id, event)
+    return False
+
+
+def _parsed(job_id: int, event: dict[str, Any]) -> contract.Event | None:
+    try:
+        return contract.parse_event(event)
+    except contract.ContractError as error:
+        log.warning("job %s: event %s stored as it came, not as the contract has it: %s", job_id,
+                    event["seq"], error)
+        return None
+
+
+def _integer(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _rows(job_id: int, events: list[dict[str, Any]],
+          parsed: list[contract.Event]) -> dict[type, list[tuple]]:
+    """The rows of a batch, by model: each event's own, as published (`events`, sorted by
+    seq), then the typed rows drawn from the parsed events."""
     by_step_metrics = {
-        (name[:64], e["step"]): value
-        for e in events if e["type"] == "step"
+        # every number a step event holds is a series, whatever else it holds or lacks
+        (name[:64], _integer(e.get("step"))): value
+        for e in events if e.get("type") == contract.StepEvent.type
         for name, value in step_metrics(e).items()
     }
     rows: dict[type, list[tuple]] = {
-        Event: [(job_id, e["seq"], e["type"], e.get("step", 0), e.get("time", 0.0),
-                 json_text(e)) for e in events],
+        Event: [(job_id, e["seq"], str(e.get("type"))[:16], _integer(e.get("step")),
+                 _number(e.get("time")) or 0.0, json_text(e)) for e in events],
         MetricPoint: [(job_id, name, step, value)
                       for (name, step), value in by_step_metrics.items()],
-        OpsSample: [(job_id, e["step"], e["seq"], _number(e.get("step_ms")),
-                     _number(e.get("void_share")), _number(e.get("data_wait_share")))
-                    for e in _latest_per_step(events, "ops")],
-        ExpertLoad: [],
+        OpsSample: [(job_id, e.step, e.seq, _number(e.step_ms), _number(e.void_share),
+                     _number(e.data_wait_share))
+                    for e in _latest_per_step(parsed, contract.OpsEvent)],
+        ExpertLoad: [_expert_load(job_id, e)
+                     for e in _latest_per_step(parsed, contract.ExpertsEvent)],
         Anomaly: [],
         Action: [],
         Checkpoint: [],
     }
-    for e in _latest_per_step(events, "experts"):
-        layers = e.get("layers", [])
-        violations = [v for v in (_number(layer.get("max_violation")) for layer in layers)
-                      if v is not None]
-        rows[ExpertLoad].append((
-            job_id, e["step"], e["seq"], max(violations, default=None),
-            sum(int(layer.get("dead_experts", 0)) for layer in layers)))
-    common = ("type", "job", "step", "time", "seq")
-    for e in events:
-        at = (job_id, e["seq"], e["step"], float(e.get("time", 0.0)))
-        if e["type"] == "anomaly":
-            rows[Anomaly].append((
-                *at, str(e.get("kind", ""))[:32], str(e.get("severity", ""))[:16],
-                e.get("rank"), json_text(e.get("evidence") or {})))
-        elif e["type"] == "action":
-            named = ("action", "by", "command", "anomaly")
-            rows[Action].append((
-                *at, str(e.get("action", ""))[:32], str(e.get("by") or "")[:16],
-                str(e.get("command") or "")[:64], str(e.get("anomaly") or "")[:32],
-                json_text({k: v for k, v in e.items() if k not in common + named})))
-        elif e["type"] == "checkpoint":
-            rows[Checkpoint].append((
-                *at, str(e.get("path", ""))[:1024], str(e.get("tier", ""))[:16],
-                e.get("size_bytes"), str(e.get("strategy", ""))[:8], e.get("world_size"),
-                _number(e.get("blocking_s"))))
+    for e in parsed:
+        at = (job_id, e.seq, e.step, e.time)
+        if isinstance(e, contract.AnomalyEvent):
+            rows[Anomaly].append((*at, e.kind[:32], e.severity[:16], e.rank,
+                                  json_text(e.evidence)))
+        elif isinstance(e, contract.ActionEvent):
+            details = {k: v for k, v in e.to_dict().items() if k not in ACTION_NOT_DETAILS}
+            rows[Action].append((*at, e.action[:32], (e.by or "")[:16], (e.command or "")[:64],
+                                 (e.anomaly or "")[:32], json_text(details)))
+        elif isinstance(e, contract.CheckpointEvent):
+            rows[Checkpoint].append((*at, e.path[:1024], e.tier[:16], e.size_bytes,
+                                     e.strategy[:8], e.world_size, _number(e.blocking_s)))
     return rows
+
+
+def _expert_load(job_id: int, e: contract.ExpertsEvent) -> tuple:
+    violations = [v for v in (_number(layer.get("max_violation")) for layer in e.layers)
+                  if v is not None]
+    return (job_id, e.step, e.seq, max(violations, default=None),
+            sum(int(layer.get("dead_experts", 0)) for layer in e.layers))
 
 
 # the columns of the typed rows that `_rows` builds after (job_id, seq, step, time)
@@ -278,7 +313,7 @@ class StreamIngest:
         self.client = client
         self.consumer = consumer
         self.claim_idle_ms = claim_idle_ms
-        self.stream = events_stream(str(job_id))
+        self.stream = contract.events_stream(str(job_id))
         self.last_seq = 0
         self._recovering = True  # first re-read our delivered-but-unacknowledged entries
         self._next: Future[tuple[list, Batch]] | None = None
@@ -308,14 +343,18 @@ class StreamIngest:
             if start in (b"0-0", "0-0"):
                 return
 
-    def poll(self, block_ms: int | None = 500, count: int = 500) -> list[dict[str, Any]]:
-        """Store, acknowledge and forward the next batch; return its events (maybe none).
+    def poll(self, block_ms: int | None = 500, count: int = READ_COUNT) -> list[contract.Event]:
+        """Store, acknowledge and forward the next batch; return its events that keep the
+        contract, parsed (maybe none).
 
         Waits up to `block_ms` for new events; None returns at once. While a batch is being
         stored, the next one is already read (another thread; the database call releases
         the GIL): it is delivered to this consumer but acknowledged only when a later poll
         has stored it, so a crash in between leaves it to be re-read like any other.
         """
+        return self._store_next(block_ms, count).parsed
+
+    def _store_next(self, block_ms: int | None, count: int) -> Batch:
         try:
             ids, batch = self._next.result() if self._next is not None else ([], None)
             self._next = None
@@ -329,11 +368,10 @@ class StreamIngest:
         except Exception:
             self._read_again()
             raise
-        events = batch.events
-        if events:
-            self.last_seq = max(self.last_seq, events[-1]["seq"])
-        forward(self.job_id, events)
-        return events
+        if batch.events:
+            self.last_seq = max(self.last_seq, batch.events[-1]["seq"])
+        forward(self.job_id, batch.events)
+        return batch
 
     def _read_again(self) -> None:
         """After a failed poll (the bus or the database went away): the next poll starts
@@ -376,9 +414,9 @@ class StreamIngest:
                           self.stream)
         return ids, prepare(self.job_id, events)
 
-    def drain(self) -> list[dict[str, Any]]:
-        """Everything still in the stream, without waiting for more."""
+    def drain(self) -> list[contract.Event]:
+        """Everything still in the stream, without waiting for more (as `poll` returns it)."""
         drained = []
-        while batch := self.poll(block_ms=None):
-            drained.extend(batch)
+        while (batch := self._store_next(block_ms=None, count=READ_COUNT)).events:
+            drained.extend(batch.parsed)
         return drained

@@ -1,8 +1,9 @@
-"""Every job state change, wherever it is made (API, supervisor, reaper), is pushed to the
-job's websocket group and to the list sockets of those who may see the job.
+"""Every job state change, wherever it is made (API, supervisor, reaper), is pushed once to
+the job's websocket group and to the list sockets of those who may see the job.
 
 It hangs on the state-history row (`JobEvent`) that `Job.transition` writes, and is sent after
-the transaction commits, so a client never hears of a state the database does not hold.
+the transaction commits, so a client never hears of a state the database does not hold. This is
+the only push of a state change: every transition writes its row.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from jobs.models import JobEvent
+from monitor.ingest import job_group
+from monitor.messages import job_message
+from monitor.models import Event
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +32,13 @@ def user_group(user_id: int) -> str:
     return f"jobs-user-{user_id}"
 
 
-def state_message(row: JobEvent, seq: int) -> dict[str, Any]:
-    job = row.job
-    return {"type": "job", "seq": seq, "job": job.pk, "name": job.name, "state": row.to_state,
-            "from_state": row.from_state, "cause": row.cause, "actor": row.actor,
-            "message": row.message, "time": row.time.isoformat(), "step": job.step,
-            "total_steps": job.total_steps, "error": job.error}
-
-
 @receiver(post_save, sender=JobEvent, dispatch_uid="monitor-push-state")
-def push_state_change(sender, instance: JobEvent, created: bool, **kwargs) -> None:
+def push_state_change(sender: type, instance: JobEvent, created: bool, **kwargs: Any) -> None:
     if created:
         transaction.on_commit(lambda: _push(instance))
 
 
 def _push(row: JobEvent) -> None:
-    from monitor.ingest import job_group
-    from monitor.models import Event
-
     # on the job socket, seq is the newest event the client may already hold
     last = (Event.objects.filter(job_id=row.job_id).order_by("-seq")
             .values_list("seq", flat=True).first() or 0)
@@ -53,8 +46,8 @@ def _push(row: JobEvent) -> None:
 
     async def send() -> None:
         await layer.group_send(job_group(row.job_id),
-                               {"type": "job.events", "events": [state_message(row, last)]})
-        listed = {"type": "job.state", "event": state_message(row, row.pk)}
+                               {"type": "job.events", "events": [job_message(row.job, last, row)]})
+        listed = {"type": "job.state", "event": job_message(row.job, row.pk, row)}
         await layer.group_send(user_group(row.job.owner_id), listed)
         await layer.group_send(STAFF_GROUP, listed)
 

@@ -7,7 +7,13 @@ import { PlanTable } from "./plan.js";
 
 // the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
-                rollback: "Rollback", reshard: "Reshard" };
+                rollback: "Rollback", reshard: "Reshard", set: "Set" };
+// the commands whose button opens a panel; the panel's own button sends the command
+const PANELS = ["rollback", "reshard", "set"];
+
+// a `set` action's changes: "train.lr 0.002 → 0.0005"
+const changesText = (changes) => Object.entries(changes ?? {})
+  .map(([key, c]) => `${key} ${JSON.stringify(c.old)} → ${JSON.stringify(c.new)}`).join(", ");
 
 function describe(result) {
   if (!result || typeof result !== "object") return result ? String(result) : "";
@@ -16,6 +22,8 @@ function describe(result) {
     parts.push(`step ${result.from_step} → ${result.to_step}`);
   }
   if (result.skip_data) parts.push("data window skipped");
+  if (result.settings) parts.push(`settings ${result.settings}`);
+  if (result.changes) parts.push(changesText(result.changes));
   if (result.parallel) {
     const p = result.parallel;
     parts.push(`${p.strategy} on ${p.nodes}×${p.procs_per_node}`);
@@ -43,6 +51,7 @@ export class Controls {
     document.getElementById("pause-warm").addEventListener("click", () => this.send("pause", { mode: "warm" }, "pause-warm"));
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
+    document.getElementById("set-go").addEventListener("click", () => this.set());
     const layout = job.spec.parallel ?? {};
     this.nodes = document.getElementById("reshard-nodes");
     this.procs = document.getElementById("reshard-procs");
@@ -72,12 +81,12 @@ export class Controls {
   enable(state) {
     for (const kind of Object.keys(LABEL)) document.getElementById(kind).disabled = !this.allowed(kind, state);
     // the buttons in the rollback and reshard panels send those commands
-    for (const kind of ["rollback", "reshard"]) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
+    for (const kind of PANELS) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
     document.getElementById("pause-warm").disabled = !this.allowed("pause", state);
   }
 
   click(kind) {
-    if (kind === "rollback" || kind === "reshard") {
+    if (PANELS.includes(kind)) {
       const panel = document.getElementById(`${kind}-panel`);
       panel.hidden = !panel.hidden;
       if (kind === "reshard" && !panel.hidden) this.replan();
@@ -130,6 +139,7 @@ export class Controls {
   acknowledge(event) {
     const known = this.commands.get(String(event.command));
     if (!known) return;
+    if (["set", "rollback"].includes(event.action)) this.loadSettings();
     const refused = event.action === "refused";
     const text = refused ? `${LABEL[known.kind]} refused by the engine: ${event.error}`
       : `${LABEL[known.kind]} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
@@ -184,9 +194,33 @@ export class Controls {
       return;
     }
     const skip = document.getElementById("rollback-skip").checked;
+    const keep = document.getElementById("rollback-keep-settings").checked;
     // the API's checkpoint id when the list came from it; else the step (newest at or before)
     const target = this.picked.id !== undefined ? { checkpoint: this.picked.id } : { step: this.picked.step };
-    await this.send("rollback", { ...target, skip_data: skip });
+    await this.send("rollback", { ...target, skip_data: skip, keep_settings: keep });
+  }
+
+  // -- set: live settings, their effective values and history (GET /settings/) ---------------
+  async loadSettings() {
+    const { ok, data } = await api(`/api/jobs/${this.job.id}/settings/`);
+    if (!ok) return;
+    const select = document.getElementById("set-key");
+    if (!select.options.length) {
+      select.replaceChildren(...Object.keys(data.effective).map((k) => el("option", { value: k }, k)));
+    }
+    document.getElementById("live-settings").replaceChildren(...Object.entries(data.effective)
+      .map(([key, value]) => el("tr", { dataset: { key } }, el("td", {}, key),
+                                el("td", {}, JSON.stringify(value)))));
+    document.getElementById("settings-history").replaceChildren(...data.history.map((h) =>
+      el("li", {}, `step ${h.step} · ${h.by}: ${changesText(h.changes)}`)));
+  }
+
+  async set() {
+    const key = document.getElementById("set-key").value;
+    const text = document.getElementById("set-value").value.trim();
+    let value = text;
+    try { value = JSON.parse(text); } catch { /* not JSON: sent as the string, which the API names */ }
+    await this.send("set", { [key]: value });
   }
 
   // -- reshard: a layout, the planner's prediction for each strategy -----------------------

@@ -205,6 +205,7 @@ function connect() {
 
 controls.enable(state);
 controls.loadRules();
+controls.loadSettings();
 showProgress();
 loadDetail();
 connect();

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.anomaly import FaultManager
 from engine.contract import ActionEvent, Command, CommandKind, StateEvent
 from engine.runtime.commands import (
     CommandHandler,
@@ -13,6 +14,7 @@ from engine.runtime.commands import (
     Outcome,
     PauseWait,
 )
+from engine.runtime.settings import LiveSettings
 from engine.runtime.spec import SpecError, parse_spec
 
 
@@ -78,12 +80,18 @@ class FakeCheckpoints:
     def persist(self) -> None:
         self.calls.append("persist")
 
-    def rollback(self, step, name, skip_data) -> dict:
+    def rollback(self, step, name, skip_data, keep_settings=True) -> dict:
         self.calls.append(("rollback", step, name, skip_data))
         if self.rollback_to is None:
             raise CommandRefused(f"rollback: no good checkpoint matches {name or step}")
         from_step, self.state.step = self.state.step, self.rollback_to
-        return {"to_step": self.rollback_to, "from_step": from_step}
+        return {"to_step": self.rollback_to, "from_step": from_step,
+                "settings": "kept" if keep_settings else "restored"}
+
+
+class Optimizer:
+    def set_weight_decay(self, weight_decay: float) -> None:
+        self.weight_decay = weight_decay
 
 
 class State:
@@ -130,10 +138,10 @@ def handler(rollback_to: int | None = 10, *arrivals: list[Command],
                        "train": {"micro_batch": 2}})
     state, events = State(), []
     checkpoints = FakeCheckpoints(state, rollback_to)
-    channel = PollByPoll(arrivals)
-    inbox = CommandInbox(channel, events.append, broadcast=lambda box: None)
+    settings = LiveSettings(spec, Optimizer(), FaultManager())
+    inbox = CommandInbox(PollByPoll(arrivals), events.append, broadcast=lambda box: None)
     wait = PauseWait(inbox, Watchdog(), poll_s=0, agree=Agreement(), clock=Clock())
-    h = CommandHandler(spec, 2, state, checkpoints, events.append, wait)
+    h = CommandHandler(spec, 2, state, checkpoints, events.append, settings, wait)
     return h, checkpoints, events
 
 
@@ -166,7 +174,15 @@ def test_rollback_goes_back_and_is_answered_at_the_step_it_reached():
     h, checkpoints, events = handler()
     assert h.act(command("rollback", step=10, skip_data=True)) is None
     assert checkpoints.calls == [("rollback", 10, None, True)]
-    assert events == [ack("rollback", step=10, to_step=10, from_step=12)]
+    assert events == [ack("rollback", step=10, to_step=10, from_step=12, settings="kept")]
+
+
+def test_rollback_may_take_the_checkpoints_settings_instead_of_the_live_ones():
+    h, _, events = handler()
+    h.act(command("rollback", step=10, keep_settings=False))
+    assert events[0].details["settings"] == "restored"
+    with pytest.raises(CommandRefused, match="keep_settings must be true or false"):
+        h.act(command("rollback", step=10, keep_settings="no"))
 
 
 def test_rollback_by_name_without_skipping_data():
@@ -213,6 +229,23 @@ def test_reshard_is_refused_unless_the_micro_batch_divides_over_the_new_ranks():
     with pytest.raises(CommandRefused, match=r"global micro-batch \(2 x 2 sequences\)"):
         h.act(command("reshard", procs_per_node=3))
     assert checkpoints.calls == []
+
+
+def test_set_changes_live_settings_and_answers_with_old_and_new_values():
+    h, checkpoints, events = handler()
+    assert h.act(command("set", **{"train.lr": 5e-4, "train.grad_clip": 0.5})) is None
+    assert (h.spec.train.lr, h.spec.train.grad_clip) == (5e-4, 0.5)
+    assert events == [ack("set", changes={"train.lr": {"old": 2e-3, "new": 5e-4},
+                                          "train.grad_clip": {"old": 1.0, "new": 0.5}})]
+    assert checkpoints.calls == []
+
+
+def test_a_bad_set_is_refused_naming_the_field_and_changes_nothing():
+    h, _, events = handler()
+    h.handle([command("set", **{"train.lr": -1.0, "train.grad_clip": 0.5})])
+    assert [(e.action, e.kind, e.error) for e in events] == [
+        ("refused", "set", "train.lr: must be a positive number")]
+    assert (h.spec.train.lr, h.spec.train.grad_clip) == (2e-3, 1.0)
 
 
 def test_cancel_ends_the_run_without_a_checkpoint():

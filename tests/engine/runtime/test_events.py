@@ -14,11 +14,11 @@ from engine.runtime.events import EventLog, events_stream, read_events
 def test_events_carry_the_contract_fields_and_continue_their_sequence(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog("job-1", path)
-    log.emit("state", 0, state="running")
-    log.emit("step", 1, loss=3.5, grad_norm=float("nan"))
+    log.emit_wire("state", 0, state="running")
+    log.emit_wire("step", 1, loss=3.5, grad_norm=float("nan"))
     log.close()
     log = EventLog("job-1", path)  # a restarted engine
-    log.emit("step", 2, loss=3.0)
+    log.emit_wire("step", 2, loss=3.0)
     log.close()
 
     events = read_events(path)
@@ -30,7 +30,7 @@ def test_events_carry_the_contract_fields_and_continue_their_sequence(tmp_path):
 def test_a_torn_last_line_is_ignored(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog("j", path)
-    log.emit("log", 0, level="info", message="hello")
+    log.emit_wire("log", 0, level="info", message="hello")
     log.close()
     with path.open("a") as f:
         f.write('{"type": "step", "se')
@@ -45,8 +45,8 @@ def test_bus_entries_are_numbered_by_sequence(redis_url):
     client.delete(events_stream(job))
     try:
         log = EventLog(job, bus_url=redis_url)
-        log.emit("state", 0, state="running")
-        log.emit("step", 1, loss=math.pi)
+        log.emit_wire("state", 0, state="running")
+        log.emit_wire("step", 1, loss=math.pi)
         log.close()
         assert EventLog(job, bus_url=redis_url).seq == 2
         entries = client.xrange(events_stream(job))
@@ -65,12 +65,12 @@ def test_a_run_outlives_an_outage_of_the_bus_which_then_gets_every_event_in_orde
         own_redis, tmp_path, monkeypatch):
     monkeypatch.setattr(events_module, "BUS_RETRY_S", 0.0)
     log = EventLog("outage", tmp_path / "events.jsonl", own_redis.url)
-    log.emit("step", 1, loss=3.0)
+    log.emit_wire("step", 1, loss=3.0)
     own_redis.kill()
     for step in (2, 3, 4):
-        log.emit("step", step, loss=3.0 - step / 10)  # the bus is away: training goes on
+        log.emit_wire("step", step, loss=3.0 - step / 10)  # the bus is away: training goes on
     own_redis.start()  # with its append-only file
-    log.emit("step", 5, loss=2.4)
+    log.emit_wire("step", 5, loss=2.4)
     log.close()
     assert _stream_steps(own_redis.url, "outage") == [
         (b"1-0", 1), (b"2-0", 2), (b"3-0", 3), (b"4-0", 4), (b"5-0", 5)]
@@ -80,9 +80,9 @@ def test_a_run_outlives_an_outage_of_the_bus_which_then_gets_every_event_in_orde
 def test_closing_the_log_waits_for_the_bus_to_take_what_it_missed(own_redis, monkeypatch):
     monkeypatch.setattr(events_module, "BUS_RETRY_S", 0.05)
     log = EventLog("closing", bus_url=own_redis.url)
-    log.emit("step", 1)
+    log.emit_wire("step", 1)
     own_redis.kill()
-    log.emit("state", 1, state="completed")
+    log.emit_wire("state", 1, state="completed")
     back = threading.Timer(0.5, own_redis.start)
     back.start()
     log.close()

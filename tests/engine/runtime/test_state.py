@@ -7,11 +7,16 @@ from torch import nn
 from engine.anomaly import Anomaly, FaultManager
 from engine.checkpoint import Checkpointer, open_checkpoint, read_extras
 from engine.runtime.data import TokenLoader
+from engine.runtime.spec import parse_spec
 from engine.runtime.state import TrainState
 
 
 class Optimizer:
     adam_step = 0
+    weight_decay = 0.1
+
+    def set_weight_decay(self, weight_decay: float) -> None:
+        self.weight_decay = weight_decay
 
 
 class Model(nn.Module):
@@ -24,7 +29,8 @@ class Model(nn.Module):
 def train_state() -> TrainState:
     loader = TokenLoader(torch.arange(4096), seq_len=8, micro_batch=2, rank=0, world_size=1,
                          seed=3)
-    return TrainState(Model(), Optimizer(), loader, FaultManager())
+    return TrainState(Model(), Optimizer(), loader, FaultManager(),
+                      parse_spec({"name": "t", "train": {"lr": 1e-3}}))
 
 
 def advance(state: TrainState) -> None:
@@ -34,6 +40,7 @@ def advance(state: TrainState) -> None:
     state.loader.next_batch()
     state.model.expert_bias += 0.5
     state.faults.ladder.decide([Anomaly("nan", "error", 12)], 12, now=100.0)
+    state.settings.change({"train.lr": 5e-4, "train.weight_decay": 0.0})
     torch.rand(3)
 
 
@@ -51,6 +58,9 @@ def test_a_round_trip_restores_everything_the_loop_resumes_with():
     assert torch.equal(restored.model.expert_bias, torch.full((4,), 0.5))
     assert restored.faults.state_dict() == saved.faults.state_dict()
     assert restored.faults.ladder.rung == {"nan": 0}
+    # the live settings come back over the spec, and reach the optimizer again
+    assert restored.settings.spec.train.lr == 5e-4
+    assert restored.optimizer.weight_decay == 0.0
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
 
 

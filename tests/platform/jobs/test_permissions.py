@@ -58,6 +58,7 @@ def theirs(other_user, small_spec) -> Job:
     store_events(job.pk, [
         {"type": "step", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 1, "loss": 5.0},
         {"type": "ops", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 2, "step_ms": 9.0,
+         "void_share": 0.0, "data_wait_share": 0.0, "ranks": [],
          "ops": {"forward": {"kind": "compute", "count": 1, "total_ms": 8.0, "mean_ms": 8.0,
                              "max_ms": 8.0, "slowest_rank": 0, "per_rank_ms": [8.0]}}},
         {"type": "experts", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 3,

@@ -8,6 +8,7 @@ import redis
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from engine.contract import parse_event
 from engine.runtime.events import control_stream
 from jobs.models import Command, Job, State
 from jobs.steering import deliver_pending
@@ -37,8 +38,8 @@ def control_commands(job: Job) -> list[dict]:
 def answer(job: Job, **event) -> None:
     """Hand the supervisor's event handler an engine event, as the ingest would."""
     supervisor = Supervisor(job, proc=None, ingest=None, me="test")
-    supervisor.on_event({"type": "action", "job": str(job.pk), "step": 3, "time": 0.0,
-                         "seq": 99, **event})
+    supervisor.on_event(parse_event({"type": "action", "job": str(job.pk), "step": 3,
+                                     "time": 0.0, "seq": 99, **event}))
 
 
 def test_pause_moves_the_job_records_who_and_delivers_the_command_with_its_id(api, running):
@@ -167,10 +168,10 @@ def test_reshard_is_delivered_and_the_engine_resuming_on_the_layout_ends_it(api,
     supervisor = Supervisor(running, proc=None, ingest=None, me="test")
     answer(running, action="reshard", command=str(body["id"]), by="command")
     state = {"type": "state", "job": str(running.pk), "step": 3, "time": 0.0}
-    supervisor.on_event({**state, "seq": 100, "state": "resharding", "micro_batch": 1,
-                         "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NGG",
-                                      "collective": "native"}})
-    supervisor.on_event({**state, "seq": 101, "state": "running"})
+    supervisor.on_event(parse_event({
+        **state, "seq": 100, "state": "resharding", "micro_batch": 1,
+        "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NGG", "collective": "native"}}))
+    supervisor.on_event(parse_event({**state, "seq": 101, "state": "running"}))
     running.refresh_from_db()
     assert running.state == State.RUNNING
     assert running.spec["parallel"]["strategy"] == "NGG"
@@ -188,10 +189,10 @@ def test_reshard_to_fewer_ranks_drops_the_faults_injected_on_ranks_that_go_away(
     response = api.post(f"/api/jobs/{job.pk}/reshard/",
                         {"strategy": "NNG", "nodes": 1, "procs_per_node": 2}, format="json")
     assert response.status_code == 202, response.json()
-    Supervisor(job, proc=None, ingest=None, me="test").on_event(
+    Supervisor(job, proc=None, ingest=None, me="test").on_event(parse_event(
         {"type": "state", "job": str(job.pk), "step": 3, "time": 0.0, "seq": 100,
          "state": "resharding", "micro_batch": 4,
-         "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNG"}})
+         "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNG"}}))
     job.refresh_from_db()
     assert [i["rank"] for i in job.spec["faults"]["inject"]] == [1]
 

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from engine.contract import parse_event
 from engine.ports import free_port
 from jobs.models import ApiToken, AuditEntry, Job, Webhook
 from jobs.tasks import Supervisor
@@ -179,10 +180,10 @@ def subscribe(api: APIClient, receiver: Receiver, path: str, **body) -> dict:
 
 def engine_anomaly(job: Job) -> None:
     """The supervisor handling the engine's anomaly event, as it does for a running job."""
-    Supervisor(job, proc=None, ingest=None, me="test").on_event({
+    Supervisor(job, proc=None, ingest=None, me="test").on_event(parse_event({
         "type": "anomaly", "job": str(job.pk), "step": 7, "time": 1.0, "seq": 12,
         "kind": "loss_spike", "severity": "warning", "rank": None,
-        "evidence": {"loss": 9.5, "threshold": 6.0}})
+        "evidence": {"loss": 9.5, "threshold": 6.0}}))
 
 
 def test_each_webhook_of_a_job_gets_a_payload_signed_with_its_own_secret(api, job, receiver,

@@ -64,10 +64,8 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
         log = EventLog(str(job.pk), bus_url=platform_redis_url)
         log.seq = 1  # stream is empty: the stored event above came through store_events
         for step in (2, 3, 4):
-            log.emit("step", step, loss=5.0 / step, tokens_per_s=1000.0)
-        ingest = StreamIngest(job.pk, client)
-        while ingest.poll(block_ms=100):
-            pass
+            log.emit_wire("step", step, loss=5.0 / step, tokens_per_s=1000.0)
+        StreamIngest(job.pk, client).drain()
         client.close()
 
     await database_sync_to_async(publish_and_ingest)()

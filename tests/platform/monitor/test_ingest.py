@@ -1,5 +1,7 @@
 """The ingest: bus → database (exactly once) → the job's channel-layer group."""
 
+import json
+
 import pytest
 import redis
 from asgiref.sync import async_to_sync
@@ -36,8 +38,8 @@ def bus(platform_redis_url):
 def publish_steps(job, url, steps):
     log = EventLog(str(job.pk), bus_url=url)
     for step in steps:
-        log.emit("step", step, loss=6.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
-                 step_time=0.1, memory={"rss_bytes": 2**30})
+        log.emit_wire("step", step, loss=6.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
+                 step_time=0.1, tokens=1000 * step, memory={"rss_bytes": 2**30})
     log.close()
 
 
@@ -46,12 +48,14 @@ def test_step_events_are_stored_acknowledged_and_forwarded(job, bus, platform_re
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(job_group(job.pk), channel)
     publish_steps(job, platform_redis_url, range(1, 6))
-    EventLog(str(job.pk), bus_url=platform_redis_url).emit("log", 5, level="info", message="hi")
+    log = EventLog(str(job.pk), bus_url=platform_redis_url)
+    log.emit_wire("log", 5, level="info", message="hi")
 
     ingest = StreamIngest(job.pk, bus)
     events = ingest.poll(block_ms=100)
 
-    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5, 6]
+    assert [(e.seq, e.type) for e in events] == [(1, "step"), (2, "step"), (3, "step"),
+                                                 (4, "step"), (5, "step"), (6, "log")]
     assert list(Event.objects.filter(job=job).values_list("seq", "type")) == [
         (1, "step"), (2, "step"), (3, "step"), (4, "step"), (5, "step"), (6, "log")]
     losses = MetricPoint.objects.filter(job=job, name="loss").order_by("step")
@@ -83,7 +87,7 @@ def test_events_delivered_but_not_acknowledged_are_stored_after_a_crash(job, bus
     restarted = StreamIngest(job.pk, bus, consumer="ingest-a")
     recovered = restarted.poll(block_ms=100)
     rest = restarted.poll(block_ms=100)
-    assert [e["seq"] for e in recovered + rest] == [1, 2, 3]
+    assert [e.seq for e in recovered + rest] == [1, 2, 3]
     assert list(Event.objects.filter(job=job).values_list("seq", flat=True)) == [1, 2, 3]
     assert bus.xpending(first.stream, GROUP)["pending"] == 0
 
@@ -106,7 +110,7 @@ def test_after_an_outage_of_the_bus_what_the_ingest_had_read_is_stored_once_and_
     publish_steps(job, own_redis.url, [1, 2, 3, 2])  # step 2 trained again (a restart)
     bus = redis.Redis.from_url(own_redis.url)
     ingest = StreamIngest(job.pk, bus, consumer="a")
-    assert [e["seq"] for e in ingest.poll(block_ms=100, count=2)] == [1, 2]  # 3, 4 read ahead
+    assert [e.seq for e in ingest.poll(block_ms=100, count=2)] == [1, 2]  # 3, 4 read ahead
     own_redis.kill()
     with pytest.raises(redis.ConnectionError):
         ingest.poll(block_ms=100, count=2)
@@ -125,7 +129,7 @@ def test_a_step_trained_again_replaces_its_earlier_values(job, bus, platform_red
     series keeps each step once, with the values of its latest run."""
     publish_steps(job, platform_redis_url, [1, 2, 3, 2, 3])  # restarted from step 1
     log = EventLog(str(job.pk), bus_url=platform_redis_url)
-    log.emit("step", 3, loss=0.25)  # and once more, in a later batch
+    log.emit_wire("step", 3, loss=0.25)  # and once more, in a later batch
     log.close()
     ingest = StreamIngest(job.pk, bus, consumer="a")
     ingest.poll(block_ms=100)
@@ -145,7 +149,7 @@ def test_per_rank_system_metrics_are_stored_as_one_series_per_rank(job, bus, pla
     gets a series of its own; a value a rank did not measure (None) stores no point."""
     log = EventLog(str(job.pk), bus_url=platform_redis_url)
     for step in (1, 2):
-        log.emit("step", step, loss=1.0, system={
+        log.emit_wire("step", step, loss=1.0, system={
             "cpu_percent": [95.0 * step, 40.0], "rss_bytes": [2**30, 2**29 * step],
             "gpu_util_percent": [None, 50.0]})
     log.close()
@@ -168,14 +172,53 @@ def test_deleting_a_job_deletes_everything_stored_for_it(job):
     at = {"job": str(job.pk), "time": 1.0}
     store_events(job.pk, [
         {**at, "type": "step", "step": 1, "seq": 1, "loss": 3.0},
-        {**at, "type": "ops", "step": 1, "seq": 2, "step_ms": 9.0, "ops": {}},
+        {**at, "type": "ops", "step": 1, "seq": 2, "step_ms": 9.0, "void_share": 0.1,
+         "data_wait_share": 0.0, "ops": {}, "ranks": []},
         {**at, "type": "experts", "step": 1, "seq": 3, "layers": [{"max_violation": 0.5}]},
-        {**at, "type": "anomaly", "step": 1, "seq": 4, "kind": "loss_spike", "evidence": {}},
+        {**at, "type": "anomaly", "step": 1, "seq": 4, "kind": "loss_spike",
+         "severity": "warning", "evidence": {}},
         {**at, "type": "action", "step": 1, "seq": 5, "action": "skip_update", "by": "policy"},
-        {**at, "type": "checkpoint", "step": 1, "seq": 6, "path": "/c", "tier": "disk"},
+        {**at, "type": "checkpoint", "step": 1, "seq": 6, "path": "/c", "tier": "disk",
+         "blocking_s": 0.1, "size_bytes": 10, "strategy": "NNN", "world_size": 1},
     ])
     models = (Event, MetricPoint, OpsSample, ExpertLoad, Anomaly, Action, Checkpoint)
     assert all(model.objects.filter(job_id=job.pk).exists() for model in models)
     job_id = job.pk
     job.delete()
     assert not any(model.objects.filter(job_id=job_id).exists() for model in models)
+
+
+def test_an_event_of_an_unknown_type_is_stored_as_it_came_and_logged(job, bus, caplog):
+    # from an engine newer than this platform (the engine's own EventLog refuses the type)
+    at = {"job": str(job.pk), "step": 1, "time": 1.0}
+    for seq, event in enumerate([{"type": "weather", "sky": "clear"},
+                                 {"type": "log", "level": "info", "message": "after it"}], 1):
+        bus.xadd(events_stream(str(job.pk)), {"event": json.dumps({**at, **event, "seq": seq})},
+                 id=f"{seq}-0")
+
+    events = StreamIngest(job.pk, bus).poll(block_ms=100)
+
+    assert [(e.seq, e.type) for e in events] == [(2, "log")]  # only what the contract takes
+    stored = Event.objects.get(job=job, seq=1)
+    assert (stored.type, stored.data["sky"]) == ("weather", "clear")
+    assert "unknown event type 'weather'" in caplog.text
+    assert bus.xpending(events_stream(str(job.pk)), GROUP)["pending"] == 0
+
+
+def test_a_malformed_event_is_stored_as_it_came_without_typed_rows_and_logged(
+        job, bus, platform_redis_url, caplog):
+    """The ingest goes on: the events after it are stored and typed as usual."""
+    log = EventLog(str(job.pk), bus_url=platform_redis_url)
+    log.emit_wire("anomaly", 2, kind="loss_spike", severity="warning", rank="three", evidence={})
+    log.emit_wire("anomaly", 3, kind="nan_loss", severity="error", rank=1, evidence={})
+    log.close()
+
+    ingest = StreamIngest(job.pk, bus)
+    assert [e.seq for e in ingest.poll(block_ms=100)] == [2]
+
+    assert list(Event.objects.filter(job=job).values_list("seq", flat=True)) == [1, 2]
+    assert Event.objects.get(job=job, seq=1).data["rank"] == "three"
+    assert list(Anomaly.objects.filter(job=job).values_list("seq", "kind")) == [(2, "nan_loss")]
+    assert "anomaly.rank: must be int or null, got str" in caplog.text
+    job.refresh_from_db()
+    assert job.step == 3

@@ -35,11 +35,13 @@ def publish(job_id: int, url: str, done: threading.Event) -> None:
         for step in range(1, TOTAL_STEPS + 1):
             while log.seq - Event.objects.filter(job_id=job_id).count() > LEAD:
                 time.sleep(0.02)
-            log.emit("step", step, loss=1.0 / step, tokens_per_s=1e4)
-            log.emit("ops", step, step_ms=10.0, ops={"forward": {
-                "kind": "compute", "total_ms": 8.0, "per_rank_ms": [8.0, 7.5]}})
+            log.emit_wire("step", step, loss=1.0 / step, grad_norm=1.0, lr=1e-3, tokens_per_s=1e4,
+                     step_time=0.1, tokens=1000 * step, memory={"rss_bytes": 2**30})
+            log.emit_wire("ops", step, step_ms=10.0, void_share=0.1, data_wait_share=0.0, ranks=[],
+                     ops={"forward": {"kind": "compute", "total_ms": 8.0,
+                                      "per_rank_ms": [8.0, 7.5]}})
             if step % 100 == 0:
-                log.emit("anomaly", step, kind="loss_spike", severity="warning", rank=None,
+                log.emit_wire("anomaly", step, kind="loss_spike", severity="warning", rank=None,
                          evidence={"z": 9.0})
     finally:
         log.close()

@@ -91,7 +91,7 @@ def ops_event(seq: int, step: int, step_ms: float, slow_rank: int) -> dict:
     per_rank = [5.0, 5.0]
     per_rank[slow_rank] = step_ms - 2
     return {"type": "ops", "job": "1", "step": step, "time": 1.0, "seq": seq,
-            "step_ms": step_ms, "void_share": 0.1, "data_wait_share": 0.0,
+            "step_ms": step_ms, "void_share": 0.1, "data_wait_share": 0.0, "ranks": [],
             "ops": {"forward": {"kind": "compute", "count": 1, "total_ms": step_ms - 2,
                                 "max_ms": step_ms - 2, "slowest_rank": slow_rank,
                                 "per_rank_ms": per_rank},

@@ -32,16 +32,16 @@ def run_history(job):
     return [
         event(job, 1, "state", 0, state="running"),
         event(job, 2, "step", 1, loss=5.0, tokens_per_s=100.0),
-        event(job, 3, "ops", 1, step_ms=12.0, ops={"forward": {"kind": "compute",
-                                                              "total_ms": 9.0,
-                                                              "per_rank_ms": [9.0, 4.0]}}),
+        event(job, 3, "ops", 1, step_ms=12.0, void_share=0.1, data_wait_share=0.0, ranks=[],
+              ops={"forward": {"kind": "compute", "total_ms": 9.0,
+                               "per_rank_ms": [9.0, 4.0]}}),
         event(job, 4, "experts", 1, layers=[{"tokens_per_expert": [3, 1], "max_violation": 0.5,
                                              "dead_experts": 0}]),
         event(job, 5, "anomaly", 1, kind="straggler", severity="warning", rank=0,
               evidence={"ratio": 2.2}),
         event(job, 6, "action", 1, action="observe", by="policy", anomaly="straggler"),
         event(job, 7, "checkpoint", 1, path="/runs/1/step-1", tier="disk", size_bytes=10,
-              strategy="NNN", world_size=2),
+              strategy="NNN", world_size=2, blocking_s=0.1),
         event(job, 8, "step", 2, loss=4.0, tokens_per_s=110.0),
     ]
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import signal
 import time
+from types import FrameType
 
 import redis
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from monitor.ingest import DEFAULT_CLAIM_IDLE_MS, StreamIngest
 
@@ -23,7 +24,7 @@ IDLE_SLEEP_S = 0.05
 class Command(BaseCommand):
     help = "Store and forward the events of the given jobs' streams until stopped."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("jobs", nargs="+", type=int, metavar="JOB")
         parser.add_argument("--consumer", default="ingest",
                             help="consumer name in the stream's group (default: ingest)")
@@ -48,5 +49,5 @@ class Command(BaseCommand):
         finally:
             client.close()
 
-    def stop(self, signum: int, frame) -> None:
+    def stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True

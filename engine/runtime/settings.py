@@ -1,0 +1,143 @@
+"""Live hyper-parameters: what a `set` command may change in a running job, validated as the
+spec validates it, applied at a step boundary on every rank, and kept in the train state.
+
+A change is a flat object of dotted spec keys, `{"train.lr": 1e-3, "checkpoint.every": 20}`.
+`validate_settings` checks every key and value (the platform calls it before a command is
+stored; it imports no torch) and raises SpecError naming each bad field. `LiveSettings` holds
+the run's effective values: the spec's, with the changes over them. The loop reads the train
+fields from the spec object it shares with this component; the parts that copied a value at
+construction (the optimizer's weight decay, the checkpointer's schedule, the fault policy) are
+told of each change.
+
+`train.lr` is the schedule's peak, `train.lr_factor` (not a spec field) multiplies the
+schedule from now on. The fault policy's `thresholds` and `actions` are replaced whole.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from engine.anomaly.policy import FaultPolicy
+from engine.errors import SpecError
+from engine.runtime.spec import JobSpec, parse_spec
+
+LR_FACTOR = "train.lr_factor"
+SPEC_KEYS = (
+    "train.lr", "train.warmup", "train.decay_end", "train.min_lr_ratio", "train.grad_clip",
+    "train.weight_decay", "train.eval_every", "checkpoint.every", "checkpoint.keep",
+    "checkpoint.memory_every", "faults.policy.thresholds", "faults.policy.actions",
+)
+SETTABLE = (*SPEC_KEYS, LR_FACTOR)
+
+
+def validate_settings(changes: Any) -> dict[str, Any]:
+    """The changes as they are applied (ints where the spec has floats become floats);
+    SpecError naming every bad key, the spec's own message for a bad value."""
+    if not isinstance(changes, dict) or not changes:
+        raise SpecError({"": "give at least one setting, as {dotted key: value}"})
+    errors: dict[str, str] = {}
+    spec_data: dict[str, Any] = {"name": "settings"}
+    for key, value in changes.items():
+        if key == LR_FACTOR:
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not (math.isfinite(value) and value > 0):
+                errors[key] = "must be a positive number"
+        elif key in SPEC_KEYS:
+            section, *middle, name = key.split(".")
+            node = spec_data.setdefault(section, {})
+            for part in middle:
+                node = node.setdefault(part, {})
+            node[name] = value
+        else:
+            errors[key] = f"not a live setting; valid: {', '.join(SETTABLE)}"
+    try:
+        # no rule across fields involves a settable key, so the defaults stand in for the rest
+        parsed = parse_spec(spec_data)
+    except SpecError as e:
+        errors.update(e.errors)
+    if errors:
+        raise SpecError(errors)
+    return {key: float(value) if key == LR_FACTOR else _get(parsed, key)
+            for key, value in changes.items()}
+
+
+def launched_values(spec: JobSpec) -> dict[str, Any]:
+    """Every live setting's value in `spec`, before any `set` (the lr factor is 1)."""
+    return {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0}
+
+
+def _get(spec: JobSpec, key: str) -> Any:
+    node: Any = spec
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _set(spec: JobSpec, key: str, value: Any) -> None:
+    parent, name = key.rsplit(".", 1)
+    setattr(_get(spec, parent), name, value)
+
+
+class HasWeightDecay(Protocol):
+    def set_weight_decay(self, weight_decay: float) -> None: ...
+
+
+class HasSchedule(Protocol):
+    def set_schedule(self, every: int, keep: int, memory_every: int) -> None: ...
+
+
+class HasPolicy(Protocol):
+    def set_policy(self, policy: FaultPolicy) -> None: ...
+
+
+class LiveSettings:
+    """Every rank's. `spec` is the run's own (changed in place: the loop reads it);
+    `checkpointer` is set once the run's exists (it saves this component in the train
+    state, so it comes later)."""
+
+    def __init__(self, spec: JobSpec, optimizer: HasWeightDecay, faults: HasPolicy):
+        self.spec, self.optimizer, self.faults = spec, optimizer, faults
+        self.checkpointer: HasSchedule | None = None
+        self.launched = launched_values(spec)
+        self.lr_factor = 1.0
+        self.overrides: dict[str, Any] = {}  # every key a `set` changed, at its latest value
+
+    def values(self) -> dict[str, Any]:
+        """The effective value of every live setting."""
+        return {**self.launched, **self.overrides}
+
+    def change(self, changes: Any) -> dict[str, dict[str, Any]]:
+        """Validate every key, then apply them all: `{key: {"old", "new"}}`. SpecError
+        (nothing changed) naming every bad key."""
+        new = validate_settings(changes)
+        old = self.values()
+        self.overrides.update(new)
+        self._apply(new)
+        return {key: {"old": old[key], "new": value} for key, value in new.items()}
+
+    def _apply(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if key == LR_FACTOR:
+                self.lr_factor = value
+            else:
+                _set(self.spec, key, value)
+        if "train.weight_decay" in values:
+            self.optimizer.set_weight_decay(values["train.weight_decay"])
+        c = self.spec.checkpoint
+        if self.checkpointer is not None and any(k.startswith("checkpoint.") for k in values):
+            self.checkpointer.set_schedule(c.every, c.keep, c.memory_every)
+        if any(k.startswith("faults.") for k in values):
+            self.faults.set_policy(self.spec.faults.policy)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"overrides": dict(self.overrides)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved changes over the spec as launched (a checkpoint from before any `set`
+        has none: the spec's values come back)."""
+        overrides = dict(state.get("overrides", {}))
+        changed = {key: value for key, value in {**self.launched, **overrides}.items()
+                   if value != self.values()[key]}
+        self.overrides = overrides
+        self._apply(changed)

@@ -1,0 +1,222 @@
+"""One launch of a job's engine, followed from start to exit.
+
+`supervise` starts the engine (jobs.launch) and runs the `Supervisor` loop: it pumps the job's
+ingest (bus → database → websockets), moves the job as the engine's `state` events report,
+settles commands when `action` events name them (jobs.commands), hands the engine's policy
+actions and the run's failure to the platform's fault policy (jobs.policy), carries out cancel
+requests (the cancel command, then SIGTERM to the process group, SIGKILL after a grace period),
+beats the job's heartbeat and redelivers commands the bus missed. When the engine exits,
+`finish` records how it ended. A paused engine exits, so pausing frees the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from engine import contract
+from engine.contract import ExitCode, JobState
+from engine.runtime.events import BUS_RETRY_S, BusOutage
+from jobs import commands, policy
+from jobs.launch import kill_group, start_engine, stderr_tail
+from jobs.models import Cause, Command, CommandKind, CommandState, IllegalTransition, Job, State
+from jobs.webhooks import notify
+from monitor.ingest import StreamIngest
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.5
+# a command still pending this long after it was issued missed its delivery (the bus was
+# away): the supervisor delivers it, looking at each heartbeat
+REDELIVER_AFTER_S = 5.0
+# the job states from which the engine's `completed` state event begins completing the job
+COMPLETES_FROM = frozenset({State.STARTING, State.RUNNING, State.ROLLING_BACK,
+                            State.RESHARDING, State.PAUSING})
+
+
+def supervise(job: Job, me: str) -> None:
+    """Launch the engine for the started `job` and follow it until it exits; `me` names this
+    supervisor (its heartbeat's owner)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    ingest = StreamIngest(job.pk, client, consumer=f"supervisor-{job.pk}")
+    # what an earlier incarnation published and nobody stored is stored now, before this
+    # launch's events, so it cannot be mistaken for them
+    ingest.drain()
+    proc = start_engine(job)
+    log.info("job %s: engine started, pid %s (launch %s)", job.pk, proc.pid, job.launches)
+    try:
+        engine = Supervisor(job, proc, ingest, me).run()
+    except BaseException:
+        # the supervisor can no longer follow the run (database or Redis gone, or the task is
+        # being torn down): stop the engine rather than leave ranks training unobserved; the
+        # job stays as it is for the reaper to requeue once its heartbeat is stale
+        kill_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        client.close()
+    if engine.owned:
+        finish(job, proc.returncode, engine)
+
+
+@dataclass
+class EngineReport:
+    """What the engine's last `state` event said, and whether the job is still ours."""
+
+    state: str = ""
+    error: str = ""
+    reason: str = ""
+    owned: bool = True
+
+
+class Supervisor:
+    """The loop of one launch: pump events until the engine exits."""
+
+    def __init__(self, job: Job, proc: subprocess.Popen | None, ingest: StreamIngest | None,
+                 me: str):
+        self.job, self.proc, self.ingest, self.me = job, proc, ingest, me
+        self.engine = EngineReport()
+        self.term_at: float | None = None
+        self.kill_at: float | None = None
+        self.sigterm_sent = False
+        self.started_at = timezone.now()
+        self.last_beat = self.last_check = 0.0
+
+    def run(self) -> EngineReport:
+        bus = BusOutage(str(self.job.pk), "the engine trains on; its events wait for the bus")
+        while True:
+            exited = self.proc.poll() is not None
+            try:
+                events = (self.ingest.drain() if exited
+                          else self.ingest.poll(block_ms=int(CANCEL_POLL_S * 1000)))
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                # Redis went away (or restarts): keep beating and watching the engine, which
+                # keeps its events until the bus is back; an engine that exited meanwhile is
+                # reported once its last events have been stored, or, if the bus stays away,
+                # left to the reaper
+                bus.failed(error)
+                if exited and time.monotonic() - bus.since > settings.JOB_HEARTBEAT_TIMEOUT_S:
+                    raise
+                events, exited = [], False
+                time.sleep(BUS_RETRY_S)
+            else:
+                bus.succeeded()
+            for event in events:
+                self.on_event(event)
+            if exited or not self.tick(bus_up=not bus.down):
+                return self.engine
+
+    def tick(self, bus_up: bool) -> bool:
+        """The periodic work between polls: the heartbeat (False when the job was given to
+        another supervisor, whose engine this one stopped), redelivery, cancel signals."""
+        now = time.monotonic()
+        if now - self.last_beat >= settings.JOB_HEARTBEAT_S:
+            self.last_beat = now
+            if not self.job.beat(self.me):
+                log.warning("job %s: no longer supervised by %s; stopping its engine",
+                            self.job.pk, self.me)
+                kill_group(self.proc, signal.SIGKILL)
+                self.proc.wait()
+                self.engine.owned = False
+                return False
+            if bus_up:
+                commands.deliver_pending(self.job, since=self.started_at, older_than=(
+                    timezone.now() - timedelta(seconds=REDELIVER_AFTER_S)))
+        if now - self.last_check >= CANCEL_POLL_S:
+            self.last_check = now
+            self.check_cancel(now)
+        if self.term_at is not None and now >= self.term_at and not self.sigterm_sent:
+            log.info("job %s: cancel requested, SIGTERM to the engine", self.job.pk)
+            kill_group(self.proc, signal.SIGTERM)
+            self.sigterm_sent, self.kill_at = True, now + settings.JOB_CANCEL_GRACE_S
+        if self.kill_at is not None and now >= self.kill_at:
+            log.warning("job %s: engine still alive after SIGTERM, SIGKILL", self.job.pk)
+            kill_group(self.proc, signal.SIGKILL)
+            self.kill_at = None
+        return True
+
+    def check_cancel(self, now: float) -> None:
+        job = self.job
+        job.refresh_from_db(fields=["cancel_requested_at", "cancel_cause", "cancel_actor",
+                                    "state"])
+        if job.cancel_requested_at and self.term_at is None:
+            # a running engine got the cancel command and stops at its next step boundary;
+            # one still starting reads no commands yet and is stopped by a signal
+            delivered = Command.objects.filter(job=job, kind=CommandKind.CANCEL,
+                                               state=CommandState.DELIVERED).exists()
+            wait = settings.JOB_CANCEL_COMMAND_WAIT_S if delivered else 0.0
+            self.term_at = now + wait
+
+    def on_event(self, event: contract.Event) -> None:
+        """One event the ingest stored (and parsed)."""
+        if isinstance(event, contract.StateEvent):
+            self.on_state(event)
+        elif isinstance(event, contract.ActionEvent):
+            if (event.command or "").isdigit():  # a platform command's id
+                commands.settle(self.job, event)
+            else:
+                policy.auto_pause(self.job, event)
+        elif isinstance(event, contract.AnomalyEvent):
+            notify(self.job, "anomaly", {"kind": event.kind, "severity": event.severity,
+                                         "rank": event.rank, "step": event.step,
+                                         "evidence": event.evidence})
+
+    def on_state(self, event: contract.StateEvent) -> None:
+        """Move the job as the engine reports."""
+        job = self.job
+        self.engine = EngineReport(event.state, event.error or self.engine.error,
+                                   event.reason or "")
+        job.refresh_from_db(fields=["state"])
+        if event.state == JobState.RUNNING and job.state == State.STARTING:
+            job.mark_running()
+        elif event.state == JobState.RUNNING and job.state == State.RESHARDING:
+            job.back_to_running("the engine resumed on its new layout")
+        elif event.state == JobState.RESHARDING:
+            job.adopt_layout(event.parallel or {}, event.micro_batch or 0)
+        elif event.state == JobState.COMPLETED and job.state in COMPLETES_FROM:
+            job.begin_completing()
+
+
+def finish(job: Job, returncode: int, engine: EngineReport) -> None:
+    """Record how the engine ended, close the commands it never answered and tell the job's
+    webhooks about a final state (or a pause)."""
+    job.refresh_from_db()
+    try:
+        if job.cancel_requested_at:
+            job.finish_cancel(f"engine stopped on request (exit code {returncode})")
+        elif returncode == ExitCode.COMPLETED:
+            if job.state != State.COMPLETING:
+                job.begin_completing()
+            job.complete()
+        elif returncode == ExitCode.PAUSED:
+            if job.state == State.RUNNING:  # the engine's own policy paused it for a person
+                job.request_pause(Cause.POLICY, "engine fault policy")
+            job.mark_paused("the engine checkpointed and stopped; resume continues from there")
+        else:
+            reason = _failure(returncode, engine)
+            if not policy.auto_resume(job, reason):
+                tail = stderr_tail(job)
+                job.fail(f"{reason}\n\n--- engine stderr (tail) ---\n{tail}" if tail else reason)
+    except IllegalTransition:
+        log.exception("job %s: could not record the engine's end (exit %s)", job.pk, returncode)
+    commands.close(job)
+    if job.state == State.PAUSED or job.is_terminal:
+        notify(job, f"job.{job.state}", {"error": job.error} if job.error else {})
+
+
+def _failure(returncode: int, engine: EngineReport) -> str:
+    """Why the engine failed, as the job's error says it."""
+    if returncode < 0:
+        return f"the engine was killed by signal {signal.Signals(-returncode).name}"
+    if engine.state == JobState.CANCELLED:  # e.g. the platform shutting down (Ctrl-C)
+        return (f"the engine was stopped from outside the platform "
+                f"({engine.reason or 'a signal'}; exit code {returncode})")
+    return engine.error or f"the engine exited with code {returncode}"

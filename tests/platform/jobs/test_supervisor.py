@@ -1,0 +1,68 @@
+"""jobs.supervisor: the engine's events move the job, and each move reaches the job's
+websocket group exactly once (the state-history row's push; the supervisor adds none)."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from engine.contract import parse_event
+from jobs.commands import issue
+from jobs.models import Cause, Job, State
+from jobs.supervisor import Supervisor
+from monitor.ingest import job_group
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def starting(user, small_spec) -> Job:
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    job.start(supervisor="test")
+    return job
+
+
+def listen(job: Job):
+    """A channel in the job's group; calling the result returns what reached it until it has
+    been quiet for a second."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(job_group(job.pk), channel)
+
+    async def received() -> list[dict]:
+        messages = []
+        while True:
+            try:
+                messages += (await asyncio.wait_for(layer.receive(channel), 1.0))["events"]
+            except TimeoutError:
+                return messages
+
+    return async_to_sync(received)
+
+
+def engine_event(job: Job, **fields) -> None:
+    """The supervisor handling one engine event, as the ingest hands it over."""
+    Supervisor(job, proc=None, ingest=None, me="test").on_event(parse_event(
+        {"job": str(job.pk), "step": 3, "time": 1.0, "seq": 7, **fields}))
+
+
+def test_the_engine_running_moves_the_job_and_its_socket_hears_it_once(starting):
+    received = listen(starting)
+    engine_event(starting, type="state", state="running", world_size=2)
+    starting.refresh_from_db()
+    assert starting.state == State.RUNNING
+    assert [(m["type"], m["from_state"], m["state"], m["cause"]) for m in received()] == [
+        ("job", "starting", "running", "engine")]
+
+
+def test_a_refused_rollback_moves_the_job_back_to_running_with_one_message(starting):
+    starting.mark_running()
+    command = issue(starting, "rollback", {"step": 2}, actor="ada", cause=Cause.USER)
+    received = listen(starting)
+    engine_event(starting, type="action", action="refused", command=str(command.pk),
+                 kind="rollback", error="no good checkpoint matches 2")
+    starting.refresh_from_db()
+    assert starting.state == State.RUNNING
+    assert [(m["type"], m["from_state"], m["state"]) for m in received()] == [
+        ("job", "rolling_back", "running")]
