@@ -20,7 +20,7 @@ from drf_spectacular.utils import (
 from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, Throttled
+from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.filters import OrderingFilter
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -36,7 +36,7 @@ from engine.moe.config import preset
 from engine.paro.planner import plan
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import idempotency
+from jobs import exports, idempotency
 from jobs.errors import (
     BAD_QUERY,
     CREATE_ERRORS,
@@ -47,7 +47,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
-from jobs.models import ApiToken, AuditEntry, IllegalTransition, Job, State, Webhook
+from jobs.models import ApiToken, AuditEntry, Export, IllegalTransition, Job, State, Webhook
 from jobs.permissions import request_cause, token_creation_wait, visible_jobs
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.serializers import (
@@ -59,6 +59,7 @@ from jobs.serializers import (
     CommandBody,
     CommandRulesSerializer,
     CommandSerializer,
+    ExportSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -272,8 +273,33 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        return self._page(Checkpoint.objects.filter(job=job).order_by("seq"),
+        return self._page(Checkpoint.objects.filter(job=job).select_related("export")
+                          .order_by("seq"),
                           CheckpointSerializer)
+
+    @extend_schema(methods=["GET"], responses={200: ExportSerializer, **ERRORS},
+                   description="The export of this checkpoint: its state, folder and error.")
+    @extend_schema(methods=["POST"], request=None, parameters=[idempotency.PARAMETER],
+                   responses={202: ExportSerializer, 409: DETAIL, **ERRORS},
+                   description="Export a disk checkpoint as a Hugging Face model folder, on a "
+                   "worker, into <RUNS_DIR>/<job id>/exports/<checkpoint name>/; 202 with the "
+                   "export (pending), which GET follows. A memory-tier checkpoint or one "
+                   "retention deleted answers 409 with the reason.")
+    @action(detail=True, methods=["get", "post"], url_name="checkpoint-export",
+            url_path=r"checkpoints/(?P<checkpoint_id>[0-9]+)/export")
+    @idempotent
+    def export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        if request.method == "GET":
+            found = Export.objects.filter(checkpoint__job=job, checkpoint=checkpoint_id).first()
+            if found is None:
+                raise NotFound(f"checkpoint {checkpoint_id} of job {job.pk} was not exported")
+            return Response(ExportSerializer(found).data)
+        try:
+            started = exports.start(exports.exportable(job, int(checkpoint_id)))
+        except exports.ExportRefused as refused:
+            return Response({"detail": str(refused)}, status=refused.status)
+        return Response(ExportSerializer(started).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: JobEventSerializer(many=True), **ERRORS}, filters=False,
                    description="The job's state history (JobEvents), oldest first.")

@@ -12,7 +12,7 @@ from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, P
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
 from engine.runtime.spec import SpecError, parse_spec, with_layout
-from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
+from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
 from monitor.models import Anomaly, Checkpoint
 
 
@@ -50,15 +50,28 @@ class CommandSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ExportSerializer(serializers.ModelSerializer):
+    checkpoint = serializers.PrimaryKeyRelatedField(read_only=True)
+    step = serializers.IntegerField(source="checkpoint.step", read_only=True)
+
+    class Meta:
+        model = Export
+        fields = ["checkpoint", "step", "state", "out_dir", "error", "summary", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+
+
 class CheckpointSerializer(serializers.ModelSerializer):
     available = serializers.BooleanField(
         read_only=True, help_text="still on disk; false once retention (checkpoint.keep) "
                                   "deleted it")
+    export = ExportSerializer(read_only=True, allow_null=True,
+                              help_text="its export as a model folder; null: never exported")
 
     class Meta:
         model = Checkpoint
         fields = ["id", "step", "time", "path", "tier", "size_bytes", "strategy", "world_size",
-                  "blocking_s", "available"]
+                  "blocking_s", "available", "export"]
         read_only_fields = fields
 
 

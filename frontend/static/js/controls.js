@@ -2,6 +2,7 @@
 // result appears when the engine acknowledges it: the `action` event naming the command id,
 // or the command's own state as the API reports it after each state change of the job.
 import { api } from "./api.js";
+import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows } from "./format.js";
 import { PlanTable } from "./plan.js";
 
@@ -49,6 +50,7 @@ export class Controls {
     }
     // a warm pause keeps the ranks in memory (the worker stays held); resume is immediate
     document.getElementById("pause-warm").addEventListener("click", () => this.send("pause", { mode: "warm" }, "pause-warm"));
+    this.exports = new Exports(job.id, document.getElementById("export-list"));
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
     document.getElementById("set-go").addEventListener("click", () => this.set());
@@ -166,6 +168,7 @@ export class Controls {
   // -- rollback: pick a checkpoint in the list or on the loss chart ----------------------------
   setCheckpoints(checkpoints) {
     this.checkpoints = checkpoints;
+    this.exports.show(checkpoints);
     const list = document.getElementById("checkpoint-list");
     if (!checkpoints.length) {
       list.replaceChildren(el("li", { class: "muted" }, "No checkpoint yet."));
