@@ -13,6 +13,7 @@ from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
+    OpenApiResponse,
     extend_schema,
     extend_schema_view,
     inline_serializer,
@@ -92,6 +93,9 @@ class Conflict(APIException):
 
 # what every steering action answers
 STEERED = {202: CommandSerializer, **STEER_ERRORS}
+# what an export's POST answers besides its record: its own 409 says why, without a state
+EXPORT_ERRORS = {**STEER_ERRORS, 409: OpenApiResponse(DETAIL, description="the checkpoint "
+                                                      "is in the memory tier, or was deleted")}
 
 
 def actor(request: Request) -> str:
@@ -277,24 +281,28 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                           .order_by("seq"),
                           CheckpointSerializer)
 
-    @extend_schema(methods=["GET"], responses={200: ExportSerializer, **ERRORS},
-                   description="The export of this checkpoint: its state, folder and error.")
-    @extend_schema(methods=["POST"], request=None, parameters=[idempotency.PARAMETER],
-                   responses={202: ExportSerializer, 409: DETAIL, **ERRORS},
+    @extend_schema(responses={200: ExportSerializer, **ERRORS},
+                   description="The export of this checkpoint: its state, folder and error "
+                   "(404 until it is exported).")
+    @action(detail=True, methods=["get"], url_name="checkpoint-export",
+            url_path=r"checkpoints/(?P<checkpoint_id>[0-9]+)/export")
+    def export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        found = Export.objects.filter(checkpoint__job=job, checkpoint=checkpoint_id).first()
+        if found is None:
+            raise NotFound(f"checkpoint {checkpoint_id} of job {job.pk} was not exported")
+        return Response(ExportSerializer(found).data)
+
+    @extend_schema(request=None, parameters=[idempotency.PARAMETER],
+                   responses={202: ExportSerializer, **EXPORT_ERRORS},
                    description="Export a disk checkpoint as a Hugging Face model folder, on a "
                    "worker, into <RUNS_DIR>/<job id>/exports/<checkpoint name>/; 202 with the "
                    "export (pending), which GET follows. A memory-tier checkpoint or one "
                    "retention deleted answers 409 with the reason.")
-    @action(detail=True, methods=["get", "post"], url_name="checkpoint-export",
-            url_path=r"checkpoints/(?P<checkpoint_id>[0-9]+)/export")
+    @export.mapping.post
     @idempotent
-    def export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+    def start_export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
         job = self.get_object()
-        if request.method == "GET":
-            found = Export.objects.filter(checkpoint__job=job, checkpoint=checkpoint_id).first()
-            if found is None:
-                raise NotFound(f"checkpoint {checkpoint_id} of job {job.pk} was not exported")
-            return Response(ExportSerializer(found).data)
         try:
             started = exports.start(exports.exportable(job, int(checkpoint_id)))
         except exports.ExportRefused as refused:
