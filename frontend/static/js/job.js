@@ -176,7 +176,7 @@ function onMessage(message) {
       loadDetail();
       controls.refresh();
       // after a reshard or resume the engine starts anew: its first steps set a new pace
-      if (["queued", "paused"].includes(message.state)) rate.length = 0;
+      if (["queued", "paused", "paused_warm"].includes(message.state)) rate.length = 0;
       break;
     default: break;
   }
