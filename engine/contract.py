@@ -52,6 +52,8 @@ class JobState(StrEnum):
     RUNNING = "running"
     PAUSING = "pausing"
     PAUSED = "paused"
+    # the ranks idle in memory, the worker held (the engine's `state` event: paused, mode warm)
+    PAUSED_WARM = "paused_warm"
     ROLLING_BACK = "rolling_back"
     RESHARDING = "resharding"
     COMPLETING = "completing"
@@ -73,6 +75,18 @@ class CommandKind(StrEnum):
     SET = "set"  # live hyper-parameters (engine.runtime.settings)
 
 
+class PauseMode(StrEnum):
+    """`pause` args `mode`: cold (the default) checkpoints and stops the ranks, freeing the
+    worker; warm keeps them alive at a step boundary, their state in memory, until a `resume`
+    (or, past `max_s`, turns cold)."""
+
+    COLD = "cold"
+    WARM = "warm"
+
+
+WARM_PAUSE_MAX_S = 600.0  # `pause` args `max_s` when absent: how long a warm pause may last
+
+
 @dataclass(frozen=True)
 class CommandRule:
     """When a command may be issued and the state the job takes while it is carried out
@@ -85,7 +99,8 @@ class CommandRule:
 _S = JobState
 COMMAND_RULES: dict[CommandKind, CommandRule] = {
     CommandKind.PAUSE: CommandRule(frozenset({_S.RUNNING}), _S.PAUSING),
-    CommandKind.RESUME: CommandRule(frozenset({_S.PAUSED}), _S.QUEUED),
+    # a cold pause is queued again; a warm one goes on in its running engine (→ running)
+    CommandKind.RESUME: CommandRule(frozenset({_S.PAUSED, _S.PAUSED_WARM}), _S.QUEUED),
     CommandKind.CANCEL: CommandRule(frozenset(_S) - FINAL_STATES, _S.CANCELLED),
     CommandKind.CHECKPOINT: CommandRule(frozenset({_S.RUNNING}), None),
     CommandKind.ROLLBACK: CommandRule(frozenset({_S.RUNNING}), _S.ROLLING_BACK),
@@ -245,7 +260,8 @@ class StateEvent(Event):
     parallel: dict | None = None  # resharding: the new layout
     micro_batch: int | None = None  # resharding: the micro-batch that keeps the global batch
     error: str | None = None  # failed
-    reason: str | None = None  # cancelled
+    reason: str | None = None  # cancelled; a warm pause that turned cold
+    mode: str | None = None  # paused (and running again after it): a PauseMode
     traceback: str | None = None
 
 

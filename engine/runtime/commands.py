@@ -5,19 +5,35 @@ blocking, the number of commands it holds rides the step's metrics all-reduce (s
 no collective of its own until a command arrives), and `take` broadcasts that many so every
 rank acts on the same commands at the same step. `CommandHandler` carries out one command, or
 refuses it with the reason, answering each with an `action` event that names its id.
+
+A warm pause (`pause` with args `{"mode": "warm", "max_s": N}`) holds the ranks at the step
+boundary, their state in memory: `PauseWait` lets them idle until rank 0 reads a command (a
+`resume` goes on training at once) or the pause outlives `max_s` and turns cold.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 
-from engine.contract import ActionBy, ActionEvent, Command, CommandKind, Event
+from engine.contract import (
+    WARM_PAUSE_MAX_S,
+    ActionBy,
+    ActionEvent,
+    Command,
+    CommandKind,
+    Event,
+    PauseMode,
+    StateEvent,
+)
 from engine.runtime.control import ControlChannel
 from engine.runtime.settings import LiveSettings
 from engine.runtime.spec import JobSpec, SpecError, parse_spec, with_layout
@@ -36,6 +52,7 @@ class Outcome:
     kind: str
     step: int
     parallel: dict | None = None
+    reason: str | None = None  # said in the launcher's final `state` event
 
 
 def broadcast_from_rank0(box: list[Any]) -> None:
@@ -75,6 +92,73 @@ class CommandInbox:
         return box[0]
 
 
+class Pausable(Protocol):
+    """What a warm pause suspends: the hang watchdog (idling on purpose is no hang)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def all_reduce_sum(word: torch.Tensor) -> None:
+    dist.all_reduce(word)
+
+
+class PauseWait:
+    """The ranks' idle loop while paused warm. Every `poll_s` rank 0 reads the control channel
+    and one small all-reduce carries rank 0's word: how many commands it read (the others add
+    0) and whether a rank's clock says the pause is past its limit. So every rank leaves the
+    wait at the same poll; the commands themselves follow by the inbox's broadcast."""
+
+    def __init__(self, inbox: CommandInbox, watchdog: Pausable, poll_s: float = 0.1,
+                 agree: Callable[[torch.Tensor], None] = all_reduce_sum,
+                 clock: Callable[[], float] = time.monotonic):
+        self.inbox, self.watchdog, self.poll_s = inbox, watchdog, poll_s
+        self.agree, self.clock = agree, clock
+        self.holding = False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The ranks are paused warm: the watchdog rests, its clock restarting on the way out
+        (the paused time counts toward no op and no step)."""
+        self.watchdog.pause()
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            self.watchdog.resume()
+
+    def arrivals(self, step: int, max_s: float) -> Iterator[list[Command]]:
+        """The commands as they arrive, the same on every rank, until `max_s` has passed (a
+        command that arrives with the deadline still counts: a late resume wins)."""
+        deadline = self.clock() + max_s
+        while True:
+            time.sleep(self.poll_s)
+            word = torch.tensor([float(self.inbox.poll(step)), float(self.clock() >= deadline)])
+            self.agree(word)
+            self.inbox.due = int(word[0])
+            commands = self.inbox.take()
+            if commands:
+                yield commands
+            elif word[1] > 0:
+                return
+
+
+def warm_pause_limit(args: dict[str, Any]) -> float | None:
+    """How long a `pause` may stay warm (`max_s`), or None for a cold one; CommandRefused
+    naming the bad argument."""
+    mode = args.get("mode", PauseMode.COLD)
+    if mode not in tuple(PauseMode):
+        raise CommandRefused(f"pause: args.mode must be one of {', '.join(PauseMode)}")
+    if mode == PauseMode.COLD:
+        return None
+    max_s = args.get("max_s", WARM_PAUSE_MAX_S)
+    if isinstance(max_s, bool) or not isinstance(max_s, int | float) or not 0 < max_s < 1e9:
+        raise CommandRefused("pause: args.max_s must be a positive number of seconds")
+    return float(max_s)
+
+
 class Checkpoints(Protocol):
     """What the handler needs of the run's checkpoints (engine.runtime.checkpointing)."""
 
@@ -92,11 +176,13 @@ class HasStep(Protocol):
 
 class CommandHandler:
     def __init__(self, spec: JobSpec, world_size: int, state: HasStep,
-                 checkpoints: Checkpoints, emit: Emit, settings: LiveSettings):
+                 checkpoints: Checkpoints, emit: Emit, settings: LiveSettings,
+                 wait: PauseWait):
         self.spec, self.world_size, self.state = spec, world_size, state
         self.checkpoints = checkpoints
         self.emit = emit
         self.settings = settings
+        self.wait = wait
 
     def handle(self, commands: list[Command]) -> Outcome | None:
         """Carry out `commands` in order until one ends the run; returns how it ends."""
@@ -128,6 +214,8 @@ class CommandHandler:
                 step, name, bool(args.get("skip_data", False)), keep))
         elif kind == CommandKind.SET:
             self._ack(command, changes=self.settings.change(args))
+        elif kind == CommandKind.PAUSE and (max_s := warm_pause_limit(args)) is not None:
+            return self._pause_warm(command, max_s)
         elif kind in (CommandKind.PAUSE, CommandKind.RESHARD):
             parallel = self._new_layout(args) if kind == CommandKind.RESHARD else None
             path = self.checkpoints.save()
@@ -139,6 +227,39 @@ class CommandHandler:
             return Outcome(str(kind), self.state.step)
         else:
             raise CommandRefused(f"{kind}: the job is running; resume applies to a paused job")
+        return None
+
+    def _pause_warm(self, command: Command, max_s: float) -> Outcome | None:
+        """Idle at this step boundary, the state in memory, until a `resume` (the commands
+        after it in the same batch are carried out) or a command that ends the run; past
+        `max_s` the pause turns cold: checkpoint and stop."""
+        if self.wait.holding:
+            raise CommandRefused("pause: the job is already paused warm")
+        self._ack(command, mode=PauseMode.WARM, max_s=max_s)
+        self.emit(StateEvent(step=self.state.step, state="paused", mode=PauseMode.WARM))
+        with self.wait.held():
+            after = self._idle(max_s)
+        if isinstance(after, Outcome):
+            return after
+        if after is None:
+            self.checkpoints.save()
+            self.checkpoints.persist()
+            return Outcome("pause", self.state.step,
+                           reason=f"warm pause exceeded {max_s:g} s: checkpointed and stopped")
+        self.emit(StateEvent(step=self.state.step, state="running", mode=PauseMode.WARM))
+        return self.handle(after)
+
+    def _idle(self, max_s: float) -> Outcome | list[Command] | None:
+        """Carry out what arrives while paused warm; returns the commands after a `resume`,
+        the outcome of one that ends the run, or None when `max_s` passed first."""
+        for commands in self.wait.arrivals(self.state.step, max_s):
+            for i, each in enumerate(commands):
+                if each.kind == CommandKind.RESUME:
+                    self._ack(each, mode=PauseMode.WARM)
+                    return commands[i + 1:]
+                outcome = self.handle([each])
+                if outcome is not None:
+                    return outcome
         return None
 
     def _new_layout(self, args: dict[str, Any]) -> dict[str, Any]:

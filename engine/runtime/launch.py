@@ -27,6 +27,7 @@ from engine.contract import (
     AnomalyEvent,
     Event,
     ExitCode,
+    PauseMode,
     StateEvent,
     checkpoint_dir,
     checkpoint_tiers,
@@ -160,7 +161,8 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
     final = {"completed": ("completed", ExitCode.COMPLETED), "pause": ("paused", ExitCode.PAUSED),
              "cancel": ("cancelled", ExitCode.CANCELLED)}
     state, code = final[outcome.kind]
-    target.emit(StateEvent(step=outcome.step, state=state))
+    target.emit(StateEvent(step=outcome.step, state=state, reason=outcome.reason,
+                           mode=PauseMode.COLD if outcome.kind == "pause" else None))
     return code
 
 

@@ -5,8 +5,7 @@ wrapper and the loop's components, then runs optimizer steps. Each component own
 and state: the fault response (`response`), the commands (`commands`), the measurements and
 their events (`telemetry`), the checkpoints (`checkpointing`) and the loop's own progress
 (`state`, saved with every checkpoint). Every rank runs the same code; rank 0 publishes events.
-Decisions that must agree across ranks are taken from all-reduced values only, so every rank
-acts at the same step.
+Decisions that must agree across ranks come from all-reduced values only: all act at one step.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
 from engine.paro import ShardedDataParallel
 from engine.runtime.checkpointing import TrainCheckpoints
-from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome
+from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome, PauseWait
 from engine.runtime.control import ControlChannel
 from engine.runtime.data import DataError, TokenLoader, load_tokens
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
@@ -98,14 +97,15 @@ class Trainer:
         )
         self.response = FaultResponse(self.faults, self.emit)
         self.inbox = CommandInbox(control if self.rank == 0 else None, self.emit)
-        self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit, self.state.settings)
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
         self.hangs = HangReports(run_dir, self.rank, policy.hang_timeout_s, self.emit,
                                  publisher=self.events is not None)
         self.watchdog = HangWatchdog(self.timer, policy.hang_timeout_s, run_dir / "hangs",
                                      on_hang=self.hangs.on_hang)
+        self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
+                                       self.emit, self.state.settings,
+                                       PauseWait(self.inbox, self.watchdog))
         self.hangs.publish()
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:

@@ -14,6 +14,7 @@ from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
+    OpenApiResponse,
     extend_schema,
     extend_schema_view,
     inline_serializer,
@@ -21,7 +22,7 @@ from drf_spectacular.utils import (
 from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, Throttled
+from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.filters import OrderingFilter
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -37,7 +38,7 @@ from engine.moe.config import preset
 from engine.paro.planner import plan
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import idempotency
+from jobs import exports, idempotency
 from jobs.errors import (
     BAD_QUERY,
     CREATE_ERRORS,
@@ -48,7 +49,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
-from jobs.models import ApiToken, AuditEntry, IllegalTransition, Job, State, Webhook
+from jobs.models import ApiToken, AuditEntry, Export, IllegalTransition, Job, State, Webhook
 from jobs.permissions import request_cause, token_creation_wait, visible_jobs
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.serializers import (
@@ -60,12 +61,14 @@ from jobs.serializers import (
     CommandBody,
     CommandRulesSerializer,
     CommandSerializer,
+    ExportSerializer,
     JobDetailSerializer,
     JobEventSerializer,
     JobNoteSerializer,
     JobSerializer,
     NewApiTokenSerializer,
     NewWebhookSerializer,
+    PauseBody,
     PlanQuery,
     PlanSerializer,
     ReshardBody,
@@ -92,6 +95,9 @@ class Conflict(APIException):
 
 # what every steering action answers
 STEERED = {202: CommandSerializer, **STEER_ERRORS}
+# what an export's POST answers besides its record: its own 409 says why, without a state
+EXPORT_ERRORS = {**STEER_ERRORS, 409: OpenApiResponse(DETAIL, description="the checkpoint "
+                                                      "is in the memory tier, or was deleted")}
 
 
 def actor(request: Request) -> str:
@@ -216,13 +222,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise Conflict(e) from e
         return Response(CommandSerializer(command).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
-                   description="Checkpoint at the next step boundary and stop, freeing the "
-                   "worker (running → pausing → paused).")
+    @extend_schema(request=PauseBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Cold (default): checkpoint at the next step boundary and stop, "
+                   "freeing the worker (running → pausing → paused). `{\"mode\": \"warm\"}`: "
+                   "the ranks idle at the step boundary with their state in memory, holding "
+                   "the worker, until a resume (or `max_s`, then it turns cold).")
     @action(detail=True, methods=["post"])
     @idempotent
     def pause(self, request: Request, pk: str) -> Response:
-        return self._steer(request, CommandKind.PAUSE, CommandBody)
+        return self._steer(request, CommandKind.PAUSE, PauseBody)
 
     @extend_schema(request=CommandBody, responses=STEERED, parameters=[idempotency.PARAMETER],
                    description="Queue a paused job again; it continues from its newest "
@@ -292,8 +300,37 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        return self._page(Checkpoint.objects.filter(job=job).order_by("seq"),
+        return self._page(Checkpoint.objects.filter(job=job).select_related("export")
+                          .order_by("seq"),
                           CheckpointSerializer)
+
+    @extend_schema(responses={200: ExportSerializer, **ERRORS},
+                   description="The export of this checkpoint: its state, folder and error "
+                   "(404 until it is exported).")
+    @action(detail=True, methods=["get"], url_name="checkpoint-export",
+            url_path=r"checkpoints/(?P<checkpoint_id>[0-9]+)/export")
+    def export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        found = Export.objects.filter(checkpoint__job=job, checkpoint=checkpoint_id).first()
+        if found is None:
+            raise NotFound(f"checkpoint {checkpoint_id} of job {job.pk} was not exported")
+        return Response(ExportSerializer(found).data)
+
+    @extend_schema(request=None, parameters=[idempotency.PARAMETER],
+                   responses={202: ExportSerializer, **EXPORT_ERRORS},
+                   description="Export a disk checkpoint as a Hugging Face model folder, on a "
+                   "worker, into <RUNS_DIR>/<job id>/exports/<checkpoint name>/; 202 with the "
+                   "export (pending), which GET follows. A memory-tier checkpoint or one "
+                   "retention deleted answers 409 with the reason.")
+    @export.mapping.post
+    @idempotent
+    def start_export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        try:
+            started = exports.start(exports.exportable(job, int(checkpoint_id)))
+        except exports.ExportRefused as refused:
+            return Response({"detail": str(refused)}, status=refused.status)
+        return Response(ExportSerializer(started).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: JobEventSerializer(many=True), **ERRORS}, filters=False,
                    description="The job's state history (JobEvents), oldest first.")

@@ -4,8 +4,10 @@ supervisor, if the bus was away), settled when the engine's `action` event names
 unanswered when the run ends first.
 
 Resume is the platform's own (the job is queued again and its next launch continues from the
-newest checkpoint); a cancel of a job no supervisor owns (queued, paused) is done at once, and
-of a live one carried out by its supervisor (jobs.supervisor).
+newest checkpoint), except after a warm pause: its engine idles in memory and goes on when the
+resume reaches it (the job runs again on the engine's `running` state event). A cancel of a
+job no supervisor owns (queued, paused) is done at once, and of a live one carried out by its
+supervisor (jobs.supervisor).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from jobs.models import STEERED, AuditEntry, Command, CommandKind, CommandState,
 
 log = logging.getLogger(__name__)
 
+# the states in which the engine reads its control stream
+ENGINE_READS = frozenset({State.RUNNING, State.PAUSED_WARM})
+
 
 def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
           engine_args: dict[str, Any] | None = None) -> Command:
@@ -42,11 +47,13 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
                 command.settle(True, {"state": State.CANCELLED})
             # only a running engine reads its control stream; before that (starting) the
             # supervisor stops it with a signal
-            delivered = job.state == State.RUNNING
+            delivered = job.state in ENGINE_READS
+        elif kind == CommandKind.RESUME and _paused_warm(job):
+            delivered = True  # the engine goes on from memory; the job runs on its word
         else:
             job.steer(kind, cause, actor, _requested(kind, args))
             delivered = kind != CommandKind.RESUME
-        if kind == CommandKind.RESUME:
+        if kind == CommandKind.RESUME and not delivered:
             command.settle(True, {"state": State.QUEUED})
             dispatch(job)
         AuditEntry.record(f"job.{kind}", actor, cause, job=job, command=command.pk, args=args)
@@ -54,6 +61,11 @@ def issue(job: Job, kind: str, args: dict[str, Any], *, actor: str, cause: str,
             transaction.on_commit(lambda: deliver(command))
     command.refresh_from_db()
     return command
+
+
+def _paused_warm(job: Job) -> bool:
+    job.refresh_from_db(fields=["state"])
+    return job.state == State.PAUSED_WARM
 
 
 def _requested(kind: str, args: dict[str, Any]) -> str:

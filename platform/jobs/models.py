@@ -40,9 +40,10 @@ class Cause(models.TextChoices):
 
 S = State
 TERMINAL = FINAL_STATES
-# states in which a supervisor owns the job and beats its heartbeat
-SUPERVISED = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.ROLLING_BACK, S.RESHARDING,
-                        S.COMPLETING})
+# states in which a supervisor owns the job and beats its heartbeat (a warm pause too: its
+# engine idles in memory, holding the worker, until a resume or its limit turns it cold)
+SUPERVISED = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED_WARM, S.ROLLING_BACK,
+                        S.RESHARDING, S.COMPLETING})
 # Every supervised state may go back to QUEUED: the supervisor was lost and the job resumes
 # from its newest checkpoint. A refused pause, rollback or reshard goes back to RUNNING, and
 # so does a reshard the engine carried out in-process (it relaunches its own ranks).
@@ -52,8 +53,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.RUNNING: frozenset(
         {S.PAUSING, S.ROLLING_BACK, S.RESHARDING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}
     ),
-    S.PAUSING: frozenset({S.PAUSED, S.RUNNING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}),
+    S.PAUSING: frozenset({S.PAUSED, S.PAUSED_WARM, S.RUNNING, S.COMPLETING, S.CANCELLED,
+                          S.FAILED, S.QUEUED}),
     S.PAUSED: frozenset({S.QUEUED, S.CANCELLED}),
+    S.PAUSED_WARM: frozenset({S.RUNNING, S.PAUSED, S.CANCELLED, S.FAILED, S.QUEUED}),
     S.ROLLING_BACK: frozenset({S.RUNNING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}),
     S.RESHARDING: frozenset({S.RUNNING, S.QUEUED, S.COMPLETING, S.CANCELLED, S.FAILED}),
     S.COMPLETING: frozenset({S.COMPLETED, S.FAILED, S.QUEUED}),
@@ -199,6 +202,14 @@ class Job(models.Model):
     def mark_paused(self, message: str) -> JobEvent:
         return self.transition(S.PAUSED, Cause.ENGINE, message=message)
 
+    def mark_paused_warm(self, message: str) -> JobEvent:
+        return self.transition(S.PAUSED_WARM, Cause.ENGINE, message=message,
+                               expect=frozenset({S.PAUSING}))
+
+    def resumed_warm(self) -> JobEvent:
+        return self.transition(S.RUNNING, Cause.ENGINE, message="resumed warm: the ranks went "
+                               "on from memory", expect=frozenset({S.PAUSED_WARM}))
+
     def back_to_running(self, message: str) -> JobEvent:
         """A rollback or reshard is done (or a steering command was refused)."""
         return self.transition(S.RUNNING, Cause.ENGINE, message=message, expect=STEERED)
@@ -336,6 +347,36 @@ class Command(models.Model):
     def open_for(cls, job: Job) -> models.QuerySet[Command]:
         return cls.objects.filter(job=job, state__in=(CommandState.PENDING,
                                                       CommandState.DELIVERED))
+
+
+class ExportState(models.TextChoices):
+    PENDING = "pending"  # queued for a worker
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Export(models.Model):
+    """A checkpoint exported as a Hugging Face model folder (jobs.exports); one per checkpoint,
+    whose folder an export done again rewrites."""
+
+    checkpoint = models.OneToOneField("monitor.Checkpoint", on_delete=models.CASCADE,
+                                      related_name="export")
+    state = models.CharField(max_length=8, choices=ExportState.choices,
+                             default=ExportState.PENDING)
+    out_dir = models.CharField(max_length=1024, help_text="the model folder")
+    error = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True,
+                               help_text="engine.export's summary: files, tensors, bytes")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"export of checkpoint {self.checkpoint_id} ({self.state})"
+
+    def record(self, state: str, *, error: str = "", summary: dict | None = None) -> None:
+        self.state, self.error, self.summary = state, error, summary or {}
+        self.save(update_fields=["state", "error", "summary", "updated_at"])
 
 
 def _new_key() -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule
+from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, PauseMode
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
 from engine.runtime.spec import SpecError, parse_spec, with_layout
-from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
+from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
 from monitor.models import Anomaly, Checkpoint
 
 
@@ -77,15 +78,28 @@ class CommandSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ExportSerializer(serializers.ModelSerializer):
+    checkpoint = serializers.PrimaryKeyRelatedField(read_only=True)
+    step = serializers.IntegerField(source="checkpoint.step", read_only=True)
+
+    class Meta:
+        model = Export
+        fields = ["checkpoint", "step", "state", "out_dir", "error", "summary", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+
+
 class CheckpointSerializer(serializers.ModelSerializer):
     available = serializers.BooleanField(
         read_only=True, help_text="still on disk; false once retention (checkpoint.keep) "
                                   "deleted it")
+    export = ExportSerializer(read_only=True, allow_null=True,
+                              help_text="its export as a model folder; null: never exported")
 
     class Meta:
         model = Checkpoint
         fields = ["id", "step", "time", "path", "tier", "size_bytes", "strategy", "world_size",
-                  "blocking_s", "available"]
+                  "blocking_s", "available", "export"]
         read_only_fields = fields
 
 
@@ -122,6 +136,26 @@ class CommandBody(serializers.Serializer):
         # what jobs.steering.issue takes: the args stored on the command as the user gave
         # them, and the same command as the engine takes it
         return {"args": data, "engine_args": data}
+
+
+class PauseBody(CommandBody):
+    mode = serializers.ChoiceField(
+        choices=[str(m) for m in PauseMode], required=False,
+        help_text="cold (default): checkpoint and stop, freeing the worker; warm: the ranks "
+                  "idle with their state in memory, and resume goes on within a second")
+    max_s = serializers.FloatField(
+        required=False, min_value=1, max_value=7 * 24 * 3600,
+        help_text="warm: how long it may stay warm before it turns cold (default: the "
+                  "platform's JOB_WARM_PAUSE_MAX_S)")
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("mode") != PauseMode.WARM:
+            if "max_s" in data:
+                raise serializers.ValidationError({"max_s": "only a warm pause has a limit"})
+            return super().validate(data)
+        # the engine is told the limit, the platform's default when the body gives none
+        return {"args": data, "engine_args": {
+            "mode": PauseMode.WARM, "max_s": data.get("max_s", settings.JOB_WARM_PAUSE_MAX_S)}}
 
 
 class RollbackBody(CommandBody):

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine import contract
-from engine.contract import ExitCode, JobState
+from engine.contract import ExitCode, JobState, PauseMode
 from engine.runtime.events import BUS_RETRY_S, BusOutage
 from jobs import commands, policy
 from jobs.launch import kill_group, start_engine, stderr_tail
@@ -179,6 +179,13 @@ class Supervisor:
             job.mark_running()
         elif event.state == JobState.RUNNING and job.state == State.RESHARDING:
             job.back_to_running("the engine resumed on its new layout")
+        elif event.mode == PauseMode.WARM and (event.state, job.state) == (JobState.PAUSED,
+                                                                            State.PAUSING):
+            job.mark_paused_warm("the ranks idle in memory, holding the worker; resume goes on "
+                                 "at once (the pause turns cold past its limit)")
+        elif event.mode == PauseMode.WARM and (event.state, job.state) == (JobState.RUNNING,
+                                                                            State.PAUSED_WARM):
+            job.resumed_warm()
         elif event.state == JobState.RESHARDING:
             job.adopt_layout(event.parallel or {}, event.micro_batch or 0)
         elif event.state == JobState.COMPLETED and job.state in COMPLETES_FROM:
@@ -199,7 +206,9 @@ def finish(job: Job, returncode: int, engine: EngineReport) -> None:
         elif returncode == ExitCode.PAUSED:
             if job.state == State.RUNNING:  # the engine's own policy paused it for a person
                 job.request_pause(Cause.POLICY, "engine fault policy")
-            job.mark_paused("the engine checkpointed and stopped; resume continues from there")
+            # a warm pause past its limit says so (engine.reason)
+            job.mark_paused(f"{engine.reason or 'the engine checkpointed and stopped'}; resume "
+                            "continues from there")
         else:
             reason = _failure(returncode, engine)
             if not policy.auto_resume(job, reason):

@@ -140,6 +140,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
 CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "2"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
+# task modules other than the apps' `tasks` (which autodiscovery finds)
+CELERY_IMPORTS = ["jobs.exports"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
@@ -151,6 +153,9 @@ JOB_CANCEL_COMMAND_WAIT_S = float(os.environ.get("JOB_CANCEL_COMMAND_WAIT_S", "3
 JOB_HEARTBEAT_S = float(os.environ.get("JOB_HEARTBEAT_S", "5"))
 JOB_HEARTBEAT_TIMEOUT_S = float(os.environ.get("JOB_HEARTBEAT_TIMEOUT_S", "30"))
 JOB_REAPER_INTERVAL_S = float(os.environ.get("JOB_REAPER_INTERVAL_S", "10"))
+# How long a warm pause (`pause` with `{"mode": "warm"}`) keeps the ranks and the worker's
+# slots before it turns cold (checkpoint, stop); a pause's own `max_s` overrides it.
+JOB_WARM_PAUSE_MAX_S = float(os.environ.get("JOB_WARM_PAUSE_MAX_S", "600"))
 CELERY_BEAT_SCHEDULE = {
     "reap-lost-supervisors": {"task": "jobs.tasks.reap", "schedule": JOB_REAPER_INTERVAL_S,
                               "options": {"expires": JOB_REAPER_INTERVAL_S}},

@@ -131,7 +131,7 @@ def test_every_command_kind_has_a_rule_and_moves_only_to_known_states():
     for rule in COMMAND_RULES.values():
         assert rule.allowed_in and rule.allowed_in <= set(JobState)
         assert rule.moves_to is None or rule.moves_to in JobState
-    assert COMMAND_RULES[CommandKind.RESUME].allowed_in == {JobState.PAUSED}
+    assert COMMAND_RULES[CommandKind.RESUME].allowed_in == {JobState.PAUSED, JobState.PAUSED_WARM}
     assert JobState.COMPLETED not in COMMAND_RULES[CommandKind.CANCEL].allowed_in
 
 

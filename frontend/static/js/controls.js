@@ -2,6 +2,7 @@
 // result appears when the engine acknowledges it: the `action` event naming the command id,
 // or the command's own state as the API reports it after each state change of the job.
 import { api } from "./api.js";
+import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows } from "./format.js";
 import { PlanTable } from "./plan.js";
 
@@ -47,6 +48,9 @@ export class Controls {
     for (const kind of [...Object.keys(LABEL), "clone"]) {
       document.getElementById(kind).addEventListener("click", () => this.click(kind));
     }
+    // a warm pause keeps the ranks in memory (the worker stays held); resume is immediate
+    document.getElementById("pause-warm").addEventListener("click", () => this.send("pause", { mode: "warm" }, "pause-warm"));
+    this.exports = new Exports(job.id, document.getElementById("export-list"));
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
     document.getElementById("set-go").addEventListener("click", () => this.set());
@@ -80,6 +84,7 @@ export class Controls {
     for (const kind of Object.keys(LABEL)) document.getElementById(kind).disabled = !this.allowed(kind, state);
     // the buttons in the rollback and reshard panels send those commands
     for (const kind of PANELS) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
+    document.getElementById("pause-warm").disabled = !this.allowed("pause", state);
   }
 
   click(kind) {
@@ -93,8 +98,8 @@ export class Controls {
     return this.send(kind);
   }
 
-  async send(kind, body) {
-    const button = document.getElementById(kind);
+  async send(kind, body, buttonId = kind) {
+    const button = document.getElementById(buttonId);
     button.disabled = true;
     const { ok, status, data } = await api(`/api/jobs/${this.job.id}/${kind}/`, { method: "POST", body });
     if (!ok) {
@@ -174,6 +179,7 @@ export class Controls {
   // -- rollback: pick a checkpoint in the list or on the loss chart ----------------------------
   setCheckpoints(checkpoints) {
     this.checkpoints = checkpoints;
+    this.exports.show(checkpoints);
     const list = document.getElementById("checkpoint-list");
     if (!checkpoints.length) {
       list.replaceChildren(el("li", { class: "muted" }, "No checkpoint yet."));

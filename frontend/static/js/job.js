@@ -14,7 +14,9 @@ const FINAL = new Set(["completed", "failed", "cancelled"]);
 const FEED_KEEP = 300;
 const $ = (id) => document.getElementById(id);
 
-let state = $("state").textContent.trim();
+let state = $("state").dataset.state;
+// a warm pause is its own state (the ranks idle in memory, the worker held)
+const STATE_LABEL = { paused_warm: "paused (warm)" };
 let lastSeq = null; // newest event received; null until the snapshot
 let startedAt = root.dataset.startedAt ? Date.parse(root.dataset.startedAt) : null;
 let finishedAt = root.dataset.finishedAt ? Date.parse(root.dataset.finishedAt) : null;
@@ -80,7 +82,8 @@ setInterval(showProgress, 1000); // the elapsed clock; nothing is fetched
 // -- state, history, feed ------------------------------------------------------------------
 function showState(next, error) {
   state = next;
-  $("state").textContent = next;
+  $("state").textContent = STATE_LABEL[next] ?? next;
+  $("state").dataset.state = next;
   $("state").className = `state state-${next}`;
   controls.enable(next);
   if (FINAL.has(next)) { $("live").textContent = "finished"; finishedAt ??= Date.now(); }
@@ -218,7 +221,7 @@ function onMessage(message) {
       loadCheckpoints();
       showCommands();
       // after a reshard or resume the engine starts anew: its first steps set a new pace
-      if (["queued", "paused"].includes(message.state)) rate.length = 0;
+      if (["queued", "paused", "paused_warm"].includes(message.state)) rate.length = 0;
       break;
     default: break;
   }

@@ -6,8 +6,14 @@ from pathlib import Path
 import pytest
 
 from engine.anomaly import FaultManager
-from engine.contract import ActionEvent, Command, CommandKind
-from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome
+from engine.contract import ActionEvent, Command, CommandKind, StateEvent
+from engine.runtime.commands import (
+    CommandHandler,
+    CommandInbox,
+    CommandRefused,
+    Outcome,
+    PauseWait,
+)
 from engine.runtime.settings import LiveSettings
 from engine.runtime.spec import SpecError, parse_spec
 
@@ -92,15 +98,60 @@ class State:
     step = 12
 
 
-def handler(rollback_to: int | None = 10) -> tuple[CommandHandler, FakeCheckpoints, list]:
+class Watchdog:
+    def __init__(self):
+        self.calls = []
+
+    def pause(self):
+        self.calls.append("pause")
+
+    def resume(self):
+        self.calls.append("resume")
+
+
+class Agreement:
+    """A one-rank all-reduce that remembers each word: [commands read, past the limit]."""
+
+    def __init__(self):
+        self.words = []
+
+    def __call__(self, word):
+        self.words.append(word.tolist())
+
+
+class Clock:
+    """Each poll of a warm pause takes one second."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def handler(rollback_to: int | None = 10, *arrivals: list[Command],
+            ) -> tuple[CommandHandler, FakeCheckpoints, list]:
+    """A rank-0 handler; `arrivals`: what its channel reads at each poll of a warm pause."""
     spec = parse_spec({"name": "t", "model": {"preset": "nano"},
                        "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNN"},
                        "train": {"micro_batch": 2}})
     state, events = State(), []
     checkpoints = FakeCheckpoints(state, rollback_to)
     settings = LiveSettings(spec, Optimizer(), FaultManager())
-    return (CommandHandler(spec, 2, state, checkpoints, events.append, settings), checkpoints,
-            events)
+    inbox = CommandInbox(PollByPoll(arrivals), events.append, broadcast=lambda box: None)
+    wait = PauseWait(inbox, Watchdog(), poll_s=0, agree=Agreement(), clock=Clock())
+    h = CommandHandler(spec, 2, state, checkpoints, events.append, settings, wait)
+    return h, checkpoints, events
+
+
+class PollByPoll(FakeChannel):
+    def __init__(self, arrivals):
+        super().__init__()
+        self.arrivals_per_poll = list(arrivals)
+
+    def poll(self) -> list[Command]:
+        return self.arrivals_per_poll.pop(0) if self.arrivals_per_poll else []
 
 
 def ack(action: str, step: int = 12, **details) -> ActionEvent:
@@ -220,3 +271,57 @@ def test_handle_answers_refusals_and_stops_at_the_command_that_ends_the_run():
         ("cancel", "c-cancel", None)]
     assert "no good checkpoint matches 3" in events[1].error
     assert "save" not in checkpoints.calls  # the checkpoint after the cancel never ran
+
+
+def test_a_warm_pause_idles_in_memory_until_resume_and_the_run_goes_on():
+    h, checkpoints, events = handler(10, [], [], [command("resume")])
+    assert h.act(command("pause", mode="warm", max_s=60)) is None
+    assert checkpoints.calls == []  # nothing written: the state stays in memory
+    assert h.wait.agree.words == [[0, 0], [0, 0], [1, 0]]  # one agreement per poll
+    assert h.wait.watchdog.calls == ["pause", "resume"]
+    assert events == [
+        ack("pause", mode="warm", max_s=60.0),
+        StateEvent(step=12, state="paused", mode="warm"),
+        ack("resume", mode="warm"),
+        StateEvent(step=12, state="running", mode="warm"),
+    ]
+
+
+def test_a_warm_pause_past_its_limit_turns_cold():
+    h, checkpoints, events = handler(10)
+    outcome = h.act(command("pause", mode="warm", max_s=3))
+    assert outcome == Outcome("pause", 12,
+                              reason="warm pause exceeded 3 s: checkpointed and stopped")
+    assert checkpoints.calls == ["save", "persist"]
+    assert h.wait.agree.words[-1] == [0, 1] and len(h.wait.agree.words) == 3  # polled at 2, 3, 4 s
+    assert h.wait.watchdog.calls == ["pause", "resume"]  # the checkpoint is watched
+
+
+def test_while_paused_warm_commands_are_carried_out_and_a_cancel_ends_the_run():
+    h, checkpoints, events = handler(10, [command("checkpoint"), command("pause", mode="warm")],
+                                     [command("cancel"), command("resume")])
+    assert h.act(command("pause", mode="warm")) == Outcome("cancel", 12)
+    assert checkpoints.calls == ["save"]
+    assert [(e.action, e.error) for e in events if isinstance(e, ActionEvent)][1:] == [
+        ("checkpoint", None), ("refused", "pause: the job is already paused warm"),
+        ("cancel", None)]
+
+
+def test_the_commands_after_a_resume_are_carried_out_once_running():
+    h, checkpoints, events = handler(10, [command("resume"), command("pause")])
+    assert h.act(command("pause", mode="warm")) == Outcome("pause", 12)
+    assert checkpoints.calls == ["save", "persist"]  # the cold pause that followed
+    assert events[-2:] == [StateEvent(step=12, state="running", mode="warm"),
+                           ack("pause", path="/ckpt/step-000012")]
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    ({"mode": "tepid"}, "args.mode must be one of cold, warm"),
+    ({"mode": "warm", "max_s": 0}, "args.max_s must be a positive number"),
+    ({"mode": "warm", "max_s": "60"}, "args.max_s must be a positive number"),
+])
+def test_a_bad_pause_mode_or_limit_is_refused_naming_the_argument(args, error):
+    h, checkpoints, _ = handler()
+    with pytest.raises(CommandRefused, match=error):
+        h.act(command("pause", **args))
+    assert checkpoints.calls == []

@@ -184,11 +184,12 @@ def test_the_command_rules_are_the_engine_contracts_in_lifecycle_order(api):
     assert response.status_code == 200
     rules = response.json()
     assert rules["pause"] == {"allowed_in": ["running"], "moves_to": "pausing"}
-    assert rules["resume"] == {"allowed_in": ["paused"], "moves_to": "queued"}
+    assert rules["resume"] == {"allowed_in": ["paused", "paused_warm"], "moves_to": "queued"}
     assert rules["checkpoint"] == {"allowed_in": ["running"], "moves_to": None}
     assert rules["cancel"] == {"allowed_in": ["queued", "starting", "running", "pausing",
-                                              "paused", "rolling_back", "resharding",
-                                              "completing"], "moves_to": "cancelled"}
+                                              "paused", "paused_warm", "rolling_back",
+                                              "resharding", "completing"],
+                               "moves_to": "cancelled"}
     assert {kind: (set(rule["allowed_in"]), rule["moves_to"]) for kind, rule in rules.items()} \
         == {str(kind): (set(rule.allowed_in), rule.moves_to)
             for kind, rule in COMMAND_RULES.items()}

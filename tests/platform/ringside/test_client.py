@@ -24,6 +24,7 @@ import pytest
 from websockets.exceptions import ConnectionClosedError
 
 from jobs.models import ApiToken, Cause, Command, Job, State
+from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, config
 from ringside.client.cli import main
 from ringside.services import REPO_ROOT
@@ -207,17 +208,26 @@ def test_each_steering_command_is_stored_with_its_arguments(ringside, user, smal
                "the resumed job was not cancelled")
 
 
-@pytest.mark.parametrize("argv", [("jobs", "set", "{job}", "train.lr=0.001"),
-                                  ("checkpoints", "export", "{job}", "1")])
+@pytest.mark.parametrize("argv", [("jobs", "set", "{job}", "train.lr=0.001")])
 def test_set_and_export_are_sent_or_the_missing_endpoint_is_named(ringside, user, small_spec,
                                                                   argv):
     # these endpoints come with a later item of the issue; until then the server answers 404
     job = held(user, small_spec, State.RUNNING)
     run = ringside(*(a.format(job=job.pk) for a in argv))
     if run.code != 0:
-        path = f"/api/jobs/{job.pk}/" + ("set/" if argv[0] == "jobs" else "checkpoints/1/export/")
         assert run.code == 5
-        assert f"error: the server has no POST {path} (HTTP 404)" in run.err
+        assert f"error: the server has no POST /api/jobs/{job.pk}/set/ (HTTP 404)" in run.err
+
+
+def test_an_export_the_server_refuses_prints_its_reason(ringside, user, small_spec, tmp_path):
+    job = held(user, small_spec, State.RUNNING)
+    memory = Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="memory",
+                                       path=str(tmp_path))
+    run = ringside("checkpoints", "export", job.pk, memory.pk)
+    assert run.code == 5
+    assert f"error: checkpoint {memory.pk} (step 2) is a memory-tier snapshot" in run.err
+    run = ringside("checkpoints", "export", job.pk, memory.pk + 1)
+    assert run.code == 5 and f"error: job {job.pk} has no checkpoint {memory.pk + 1}" in run.err
 
 
 def test_refusals_name_their_fields_and_exit_5(ringside, user, small_spec, tmp_path):
