@@ -14,7 +14,7 @@ STATES = [("queued", "Queued"), ("starting", "Starting"), ("running", "Running")
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("jobs", "0006_command_kind_set"),
+        ("jobs", "0007_job_tags_note"),
         ("monitor", "0006_job_keys_without_constraint"),
     ]
 
