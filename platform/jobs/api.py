@@ -40,6 +40,7 @@ from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import exports, idempotency
 from jobs.errors import (
+    BAD_BODY,
     BAD_QUERY,
     CREATE_ERRORS,
     DETAIL,
@@ -180,7 +181,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self._launch(request, spec, policy, "job.create")
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=JobNoteSerializer, responses={200: JobDetailSerializer, **ERRORS},
+    @extend_schema(request=JobNoteSerializer,
+                   responses={200: JobDetailSerializer, 400: BAD_BODY, **ERRORS},
                    description="Change the job's `tags` and `note`, nothing else; audited.")
     def partial_update(self, request: Request, pk: str) -> Response:
         job = self.get_object()

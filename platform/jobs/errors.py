@@ -29,8 +29,9 @@ BAD_QUERY = OpenApiResponse(FIELD_ERRORS, description="a bad query parameter, na
 # every endpoint of one job
 ERRORS = {401: UNAUTHENTICATED,
           404: OpenApiResponse(DETAIL, description="no such job, or not yours")}
-STEER_ERRORS = {**ERRORS, 400: OpenApiResponse(FIELD_ERRORS, description="a bad body: each "
-                                               "bad field with its messages"),
+BAD_BODY = OpenApiResponse(FIELD_ERRORS, description="a bad body: each bad field with its "
+                           "messages")
+STEER_ERRORS = {**ERRORS, 400: BAD_BODY,
                 409: OpenApiResponse(CONFLICT, description="the job's current state does not "
                                      "allow it; `state` names that state"),
                 422: OpenApiResponse(IDEMPOTENCY_ERROR, description="Idempotency-Key "

@@ -2,6 +2,7 @@
 
 import redis
 
+from engine.contract import CommandKind
 from engine.runtime import events
 from engine.runtime.control import Command, ControlChannel, send
 from engine.runtime.events import control_stream
@@ -70,5 +71,5 @@ def test_the_control_file_reads_only_complete_new_lines(tmp_path):
     assert reshard == Command(id=reshard.id, kind="reshard", args={"nodes": 1})
     assert channel.errors == [
         "command: not JSON: 'not json'",
-        "command.kind: must be one of pause, resume, cancel, checkpoint, rollback, reshard",
+        f"command.kind: must be one of {', '.join(CommandKind)}",
     ]
