@@ -25,12 +25,13 @@ which is the "hier" model), and t_opt = read+write of the owned optimizer shard.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.horing.cost import Links, Tier, predict
 from engine.horing.topology import Topology
-from engine.moe.config import PRESETS, MoEConfig, param_count, preset
+from engine.moe.config import PRESETS, MoEConfig, flops_per_token, param_count, preset
 from engine.paro.strategy import Level, Strategy, parse_strategy
 
 
@@ -59,6 +60,9 @@ class PlanRow:
     inter_bytes: float
     intra_calls: int
     inter_calls: int
+    # every strategy this row stands for: on one node I (the node) and G (all ranks) are the
+    # same group, so NII, NIG and NGG run the same collectives on the same shards
+    names: tuple[str, ...] = ()
 
 
 def schedule(
@@ -153,6 +157,70 @@ def plan(
             )
         )
     return sorted(rows, key=lambda r: (not r.fits, r.step_time_s if r.fits else r.memory_bytes))
+
+
+def merge_equivalent(rows: list[PlanRow], topology: Topology) -> list[PlanRow]:
+    """One row per distinct strategy: on one node a name with I for G (NII, NIG -> NGG) runs
+    what the G name runs, so those rows become the G name's row, naming all of them. A name
+    whose G form is not a strategy (ING -> GNG) stays its own."""
+    if topology.nodes > 1:
+        return [dataclasses.replace(r, names=(r.strategy,)) for r in rows]
+    by_name = {r.strategy: r for r in rows}
+    groups: dict[str, list[str]] = {}
+    for name in STRATEGIES:
+        canonical = name.replace("I", "G")
+        groups.setdefault(canonical if canonical in by_name else name, []).append(name)
+    merged = [dataclasses.replace(by_name[head], names=tuple(names))
+              for head, names in groups.items()]
+    order = {r.strategy: i for i, r in enumerate(rows)}
+    return sorted(merged, key=lambda r: order[r.strategy])
+
+
+def ranks_per_device(world_size: int, device: str, devices: int = 1) -> int:
+    """How many ranks share one device: the engine runs every rank on one host, so on CPU
+    they all share its cores; on GPU, ceil(world_size / devices) share each GPU."""
+    return world_size if device == "cpu" else -(-world_size // max(1, devices))
+
+
+def compute_time_s(config: MoEConfig, seq_len: int, micro_batch: int, flops_per_s: float,
+                   sharing: int = 1) -> float:
+    """One rank's forward+backward of one micro-batch on a device of `flops_per_s` that
+    `sharing` ranks take turns on (what `plan` takes as compute_time_s)."""
+    return flops_per_token(config, seq_len) * micro_batch * seq_len * sharing / flops_per_s
+
+
+def effective_flops_per_s(config: MoEConfig, seq_len: int, tokens_per_rank: int,
+                          compute_s: float, sharing: int = 1) -> float:
+    """A device's training FLOP/s as one measured step shows it: `compute_s` is a rank's
+    step less its collectives and data wait (the `compute_ms` of an ops event's rank rows)
+    for `tokens_per_rank` tokens (micro_batch * seq_len * grad_accum)."""
+    return flops_per_token(config, seq_len) * tokens_per_rank * sharing / compute_s
+
+
+def matmul_flops_per_s(tokens: int = 1024, hidden: int = 512, repeats: int = 5) -> float:
+    """FLOP/s of this host at the forward and backward of a feed-forward block of training's
+    shapes, one thread per rank as the engine runs them, times the cores. Imports torch:
+    run it in a worker process (jobs.calibration), never in the web processes."""
+    import os
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(tokens, hidden)
+        up = torch.randn(hidden, 2 * hidden, requires_grad=True)
+        down = torch.randn(2 * hidden, hidden, requires_grad=True)
+        times = []
+        for _ in range(repeats + 1):  # the first one warms up the allocator
+            start = time.perf_counter()
+            (torch.nn.functional.silu(x @ up) @ down).square().mean().backward()
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    flops = 6 * tokens * 2 * (2 * hidden * hidden)  # fwd 2, bwd 4 per weight per token
+    return flops / sorted(times[1:])[len(times) // 2 - 1] * (os.cpu_count() or 1)
 
 
 def _param_count(model_config: MoEConfig | int) -> int:

@@ -31,11 +31,8 @@ from rest_framework.views import APIView
 
 from engine.contract import COMMAND_RULES, CommandKind
 from engine.horing.cost import Links, Tier
-from engine.horing.topology import Topology
-from engine.moe.config import preset
-from engine.paro.planner import plan
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import idempotency
+from jobs import calibration, idempotency
 from jobs.errors import (
     BAD_QUERY,
     CREATE_ERRORS,
@@ -313,12 +310,18 @@ class PlanView(APIView):
     def get(self, request: Request) -> Response:
         query = PlanQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
-        q = query.validated_data
-        budget = q["memory_budget_gb"] * 1e9
-        rows = plan(preset(q["preset"]), Topology(q["nodes"], q["procs_per_node"]), budget,
-                    q["grad_accum"], PLAN_LINKS, collective=q["collective"])
+        spec, budget = query.validated_data["spec"], query.validated_data["memory_budget_gb"] * 1e9
+        rows, compute = calibration.predict(spec, budget, PLAN_LINKS)
+        t = spec.train
+        tokens = t.micro_batch * t.seq_len * t.grad_accum * spec.parallel.world_size
+        known = compute.time_s is not None
         return Response(PlanSerializer({"memory_budget_bytes": budget, "plans": [
-            {"strategy": r.strategy, "step_time_s": r.step_time_s, "fits": r.fits,
+            {"strategy": r.strategy, "names": r.names, "fits": r.fits,
+             "step_time_s": r.step_time_s if known else None,
+             "compute_time_s": r.compute_time_s if known else None,
+             "comm_time_s": r.comm_time_s,
+             "tokens_per_s": tokens / r.step_time_s if known else None,
+             "compute_source": compute.source,
              "memory_bytes": {"params": r.params_bytes, "grads": r.grads_bytes,
                               "optim": r.optim_bytes, "total": r.memory_bytes}}
             for r in rows]}).data)

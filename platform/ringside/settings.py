@@ -140,6 +140,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
 CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "2"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
+# tasks outside jobs.tasks (which autodiscovery finds): the planner's host calibration
+CELERY_IMPORTS = ["jobs.calibration"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
