@@ -225,9 +225,9 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
     if t.grad_clip < 0:
         errors["train.grad_clip"] = "must be at least 0 (0 disables clipping)"
     if t.seq_len > spec.model.max_position_embeddings:
-        errors["train.seq_len"] = (
+        errors.setdefault("train.seq_len", (  # past its own bound: that one is named
             f"must be at most model.max_position_embeddings ({spec.model.max_position_embeddings})"
-        )
+        ))
     d = t.dataset
     if d.kind != "stdlib" and not d.paths:
         errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"

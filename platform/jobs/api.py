@@ -22,6 +22,7 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, Throttled
 from rest_framework.filters import OrderingFilter
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -116,6 +117,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
     filterset_class = JobFilter
+    parser_classes = [JSONParser]  # a form or multipart body is a 415
     ordering_fields = ["created_at", "id", "name", "state", "step"]
     ordering = ["-created_at", "-id"]
 
