@@ -34,6 +34,10 @@ from engine.horing.topology import Topology
 from engine.moe.config import PRESETS, MoEConfig, flops_per_token, param_count, preset
 from engine.paro.strategy import Level, Strategy, parse_strategy
 
+# The links collectives are priced on when none were measured (the command line's defaults):
+# 800 Gbit/s and 5 us per rank within a node, 100 Gbit/s and 20 us per NIC between nodes.
+DEFAULT_LINKS = Links(intra=Tier(5e-6, 800e9 / 8), inter=Tier(20e-6, 100e9 / 8))
+
 
 @dataclass(frozen=True)
 class Collective:

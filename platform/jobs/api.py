@@ -31,7 +31,7 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from engine.contract import COMMAND_RULES, CommandKind
-from engine.horing.cost import Links, Tier
+from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import calibration, idempotency
 from jobs.errors import (
@@ -71,9 +71,9 @@ from jobs.steering import audit, issue
 from monitor.api import SERIES, MetricsQuery, metrics_payload
 from monitor.models import Anomaly, Checkpoint
 
-# Links the planner prices collectives with (engine.paro.planner's command-line defaults):
-# 800 Gbit/s and 5 us within a node, 100 Gbit/s and 20 us between nodes.
-PLAN_LINKS = Links(intra=Tier(5e-6, 800e9 / 8), inter=Tier(20e-6, 100e9 / 8))
+# Links the planner prices collectives with: engine.paro.planner's defaults (800 Gbit/s and
+# 5 us within a node, 100 Gbit/s and 20 us between nodes)
+PLAN_LINKS = DEFAULT_LINKS
 
 
 class Conflict(APIException):
