@@ -110,3 +110,11 @@ def test_a_bad_model_or_batch_is_400_naming_the_spec_field(api):
     errors = response.json()  # DRF's 400: each bad field with its messages
     assert "at most" in errors["train.seq_len"][0]
     assert errors["model.hidden_size"] == ["must be at least 1"]
+
+
+def test_the_calibration_task_times_this_host_and_stores_its_rate():
+    calibration.cache.set(calibration._PENDING, True)
+    found = calibration.calibrate()
+    assert found["device"] == "cpu" and 1e8 < found["flops_per_s"] < 1e14
+    assert calibration.host_calibration() == found
+    assert calibration.cache.get(calibration._PENDING) is None  # a later one may be sent
