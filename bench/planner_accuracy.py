@@ -6,11 +6,11 @@
 For each preset and layout (1x2 and 2x2 ranks on this host) it runs the engine CLI
 (`python -m engine.train spec.json`, strategy NNN, a few steps) and takes the median step time
 of its `step` events (the first step, with its allocations, left out). The planner predicts
-the same step (compute + the cost model's communication + the optimizer) with the compute
-from each of the platform's two sources (jobs.calibration):
+the same step (compute + the cost model's communication on this host's links + the
+optimizer) with the compute from each of the platform's two sources (jobs.calibration):
 
-- calibrated: the model's FLOPs per token over this host's rate, measured once here with
-  `matmul_flops_per_s` as the platform's calibration task does;
+- calibrated: the model's FLOPs per token over this host's training rate, with the links,
+  measured once here by `engine.paro.calibrate` as the platform's calibration task does;
 - measured: the device's training FLOP/s in the *other* layout's run of the same preset (its
   `ops` events: a rank's step less collectives and data wait), as a job of the same model
   would give the platform; one layout's run never predicts itself.
@@ -30,16 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe.config import preset
-from engine.paro.planner import (
-    DEFAULT_LINKS,
-    compute_time_s,
-    effective_flops_per_s,
-    matmul_flops_per_s,
-    plan,
-    ranks_per_device,
-)
+from engine.paro.calibrate import host_links, training_flops_per_s
+from engine.paro.planner import compute_time_s, effective_flops_per_s, plan, ranks_per_device
 
 LAYOUTS = ((1, 2), (2, 2))
 STRATEGY = "NNN"
@@ -68,11 +63,12 @@ def run_engine(name: str, preset_name: str, layout: tuple[int, int], args, workd
     }
 
 
-def predicted(preset_name: str, layout: tuple[int, int], flops_per_s: float, args) -> float:
+def predicted(preset_name: str, layout: tuple[int, int], flops_per_s: float, links: Links,
+              args) -> float:
     config, world = preset(preset_name), layout[0] * layout[1]
     compute = compute_time_s(config, args.seq_len, args.micro_batch, flops_per_s,
                              ranks_per_device(world, "cpu"))
-    rows = plan(config, Topology(*layout), float("inf"), 1, DEFAULT_LINKS,
+    rows = plan(config, Topology(*layout), float("inf"), 1, links,
                 compute_time_s=compute, dtype_bytes=4)
     return next(r.step_time_s for r in rows if r.strategy == STRATEGY)
 
@@ -85,7 +81,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
-    host_rate = matmul_flops_per_s()
+    host_rate = training_flops_per_s()
+    measured_links = host_links()
+    links = Links(**{tier: Tier(**t) for tier, t in measured_links.items()})
     table, ratios = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.presets:
@@ -98,7 +96,7 @@ def main() -> None:
                     preset(name), args.seq_len, tokens, runs[other]["compute_s"],
                     ranks_per_device(other[0] * other[1], "cpu"))
                 for source, rate in (("calibrated", host_rate), ("measured", measured_rate)):
-                    guess = predicted(name, layout, rate, args)
+                    guess = predicted(name, layout, rate, links, args)
                     key = f"{name} {layout[0]}x{layout[1]} {source}"
                     ratios[key] = guess / run["step_s"]
                     table.append({"preset": name, "layout": f"{layout[0]}x{layout[1]}",
@@ -108,6 +106,7 @@ def main() -> None:
                                   "measured_compute_s": run["compute_s"],
                                   "ratio": ratios[key]})
     print(json.dumps({"benchmark": "planner_accuracy", "host_flops_per_s": host_rate,
+                      "links": measured_links,
                       "micro_batch": args.micro_batch, "seq_len": args.seq_len,
                       "steps": args.steps, "cpus": os.cpu_count(),
                       "load_before": load_before, "load_after": os.getloadavg()[0],

@@ -201,32 +201,6 @@ def effective_flops_per_s(config: MoEConfig, seq_len: int, tokens_per_rank: int,
     return flops_per_token(config, seq_len) * tokens_per_rank * sharing / compute_s
 
 
-def matmul_flops_per_s(tokens: int = 1024, hidden: int = 512, repeats: int = 5) -> float:
-    """FLOP/s of this host at the forward and backward of a feed-forward block of training's
-    shapes, one thread per rank as the engine runs them, times the cores. Imports torch:
-    run it in a worker process (jobs.calibration), never in the web processes."""
-    import os
-    import time
-
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x = torch.randn(tokens, hidden)
-        up = torch.randn(hidden, 2 * hidden, requires_grad=True)
-        down = torch.randn(2 * hidden, hidden, requires_grad=True)
-        times = []
-        for _ in range(repeats + 1):  # the first one warms up the allocator
-            start = time.perf_counter()
-            (torch.nn.functional.silu(x @ up) @ down).square().mean().backward()
-            times.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
-    flops = 6 * tokens * 2 * (2 * hidden * hidden)  # fwd 2, bwd 4 per weight per token
-    return flops / sorted(times[1:])[len(times) // 2 - 1] * (os.cpu_count() or 1)
-
-
 def _param_count(model_config: MoEConfig | int) -> int:
     return param_count(model_config) if isinstance(model_config, MoEConfig) else model_config
 

@@ -5,22 +5,27 @@ platform knows, best source first:
    kind of device; a rank's compute (its step less collectives and data wait) gives the
    device's training FLOP/s, which prices any batch and layout of that model;
 2. calibrated: the model's FLOPs per token (engine.moe.config.flops_per_token) over this
-   host's rate, measured once by the `calibrate` task in a worker (torch never loads in a web
-   process) and kept in `RUNS_DIR/calibration.json`; the first request sends the task;
+   host's training rate, measured once by the `calibrate` task (`python -m
+   engine.paro.calibrate` in a child of a worker: torch never loads in a web process) and
+   kept in `RUNS_DIR/calibration.json`; the first request sends the task;
 3. unknown: no number, and the reason.
+
+Communication is priced on the links that calibration measured too, once there are some.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
 
-from engine.horing.cost import Links
+from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.paro.planner import (
     PlanRow,
@@ -50,7 +55,7 @@ def calibration_path():
 
 
 def host_calibration() -> dict | None:
-    """{"device", "flops_per_s"} of this host, or None before the task has stored it."""
+    """{"device", "flops_per_s", "links"} of this host, or None before the task stored it."""
     try:
         return json.loads(calibration_path().read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -59,34 +64,46 @@ def host_calibration() -> dict | None:
 
 @shared_task(name="jobs.calibration.calibrate")
 def calibrate() -> dict:
-    """Time training-shaped matmuls on this host and store the rate (a worker task)."""
-    from engine.paro.planner import matmul_flops_per_s  # imports torch when it runs
-
-    found = {"device": "cpu", "flops_per_s": matmul_flops_per_s()}
-    path = calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(found))
-    tmp.replace(path)
-    cache.delete(_PENDING)
+    """Measure this host (engine.paro.calibrate, in a child process) and store the result."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "engine.paro.calibrate"], check=True,
+                              capture_output=True, text=True, timeout=600,
+                              cwd=settings.REPO_ROOT)
+        found = json.loads(done.stdout.splitlines()[-1])
+        path = calibration_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(found))
+        tmp.replace(path)
+    finally:
+        cache.delete(_PENDING)  # a failed one may be sent again
     return found
+
+
+def _links(host: dict | None, default: Links) -> Links:
+    if host is None or "links" not in host:
+        return default
+    return Links(**{tier: Tier(**t) for tier, t in host["links"].items()})
 
 
 def predict(spec: JobSpec, budget_bytes: float, links: Links) -> tuple[list[PlanRow], Compute]:
     """The planner's rows for `spec`'s model, batch and layout on this host's device (the
-    engine's dtype there: fp32 on CPU, bf16 on GPU), strategies that coincide merged."""
-    device = (host_calibration() or {}).get("device", "cpu")
-    compute = estimate(spec, device)
+    engine's dtype there: fp32 on CPU, bf16 on GPU) and its measured links (else `links`),
+    strategies that coincide merged."""
+    host = host_calibration()
+    device = (host or {}).get("device", "cpu")
+    compute = estimate(spec, device, host)
     p, t = spec.parallel, spec.train
     topology = Topology(p.nodes, p.procs_per_node)
-    rows = plan(spec.model, topology, budget_bytes, t.grad_accum, links,
+    rows = plan(spec.model, topology, budget_bytes, t.grad_accum, _links(host, links),
                 compute_time_s=compute.time_s or 0.0, dtype_bytes=4 if device == "cpu" else 2,
                 collective=p.collective)
     return merge_equivalent(rows, topology), compute
 
 
-def estimate(spec: JobSpec, device: str) -> Compute:
-    """One rank's micro-batch compute for `spec`'s model, batch and layout on `device`."""
+def estimate(spec: JobSpec, device: str, host: dict | None) -> Compute:
+    """One rank's micro-batch compute for `spec`'s model, batch and layout on `device`, from a
+    measured job, else the `host` calibration."""
     t, world = spec.train, spec.parallel.world_size
     sharing = ranks_per_device(world, device)
     measured = _measured_rate(spec, device)
@@ -94,11 +111,10 @@ def estimate(spec: JobSpec, device: str) -> Compute:
         job_id, rate = measured
         return Compute(compute_time_s(spec.model, t.seq_len, t.micro_batch, rate, sharing),
                        f"measured: job {job_id}")
-    host = host_calibration()
     if host is not None and host["device"] == device:
         rate = host["flops_per_s"]
         return Compute(compute_time_s(spec.model, t.seq_len, t.micro_batch, rate, sharing),
-                       f"calibrated matmul rate {rate / 1e9:.0f} GFLOP/s")
+                       f"calibrated training rate {rate / 1e9:.0f} GFLOP/s")
     if host is None and cache.add(_PENDING, True, timeout=600):
         calibrate.delay()
     reason = "calibrating this host" if host is None else f"no calibration for {device}"

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.horing.cost import Links, Tier
+from engine.horing.topology import Topology
 from engine.moe.config import flops_per_token, preset
+from engine.paro.planner import plan
 from engine.runtime.spec import parse_spec
 from jobs import calibration
 from jobs.models import Job, State
@@ -70,7 +73,7 @@ def test_without_a_measured_job_the_calibrated_host_rate_prices_the_flops(api):
     calibration.calibration_path().write_text(json.dumps({"device": "cpu",
                                                           "flops_per_s": 50e9}))
     row = plans(api, **TINY_1X2)[0]
-    assert row["compute_source"] == "calibrated matmul rate 50 GFLOP/s"
+    assert row["compute_source"] == "calibrated training rate 50 GFLOP/s"
     # two ranks share the host's cores: each computes at half its rate
     expected = flops_per_token(preset("tiny"), 256) * 4 * 256 * 2 / 50e9
     assert row["compute_time_s"] == pytest.approx(expected)
@@ -112,9 +115,19 @@ def test_a_bad_model_or_batch_is_400_naming_the_spec_field(api):
     assert errors["model.hidden_size"] == ["must be at least 1"]
 
 
-def test_the_calibration_task_times_this_host_and_stores_its_rate():
+def test_the_calibration_task_measures_this_host_and_the_planner_uses_it(api):
     calibration.cache.set(calibration._PENDING, True)
     found = calibration.calibrate()
     assert found["device"] == "cpu" and 1e8 < found["flops_per_s"] < 1e14
+    assert {"intra", "inter"} == set(found["links"])
+    assert all(t["bandwidth"] > 0 and t["latency_s"] >= 0 for t in found["links"].values())
     assert calibration.host_calibration() == found
     assert calibration.cache.get(calibration._PENDING) is None  # a later one may be sent
+    row = plans(api, **{**TINY_1X2, "nodes": 2})[0]
+    assert row["compute_source"] == (
+        f"calibrated training rate {found['flops_per_s'] / 1e9:.0f} GFLOP/s")
+    # collectives priced on the measured links (fp32 on CPU), not on the defaults
+    links = Links(**{tier: Tier(**t) for tier, t in found["links"].items()})
+    expected = plan(preset("tiny"), Topology(2, 2), 16e9, 1, links, dtype_bytes=4)
+    assert row["comm_time_s"] == pytest.approx(
+        next(r.comm_time_s for r in expected if r.strategy == row["strategy"]))
