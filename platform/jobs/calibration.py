@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
@@ -50,7 +51,7 @@ class Compute:
     source: str
 
 
-def calibration_path():
+def calibration_path() -> Path:
     return settings.RUNS_DIR / "calibration.json"
 
 
