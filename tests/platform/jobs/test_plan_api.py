@@ -26,8 +26,13 @@ TINY_1X2 = {"preset": "tiny", "nodes": 1, "procs_per_node": 2, "micro_batch": 4,
 
 
 @pytest.fixture(autouse=True)
-def _runs_dir(settings, tmp_path):
-    settings.RUNS_DIR = tmp_path  # no calibration stored yet
+def sent(settings, tmp_path, monkeypatch) -> list[bool]:
+    """No calibration stored yet; the calibration tasks sent (none runs)."""
+    settings.RUNS_DIR = tmp_path
+    calibration.cache.delete(calibration._PENDING)
+    tasks: list[bool] = []
+    monkeypatch.setattr(calibration.calibrate, "delay", lambda: tasks.append(True))
+    return tasks
 
 
 @pytest.fixture
@@ -81,11 +86,7 @@ def test_without_a_measured_job_the_calibrated_host_rate_prices_the_flops(api):
         row["compute_time_s"] + row["comm_time_s"], rel=0.01)
 
 
-def test_an_uncalibrated_host_gives_no_step_time_and_sends_the_calibration(
-        api, monkeypatch):
-    sent = []
-    monkeypatch.setattr(calibration.calibrate, "delay", lambda: sent.append(True))
-    calibration.cache.delete(calibration._PENDING)
+def test_an_uncalibrated_host_gives_no_step_time_and_sends_the_calibration(api, sent):
     rows = plans(api, **TINY_1X2)
     assert all(r["step_time_s"] is None and r["tokens_per_s"] is None for r in rows)
     assert rows[0]["compute_source"].startswith("unknown: ")
