@@ -216,9 +216,17 @@ class PlanQuery(serializers.Serializer):
                              "collective": data["collective"]},
                 "train": {k: data[k] for k in ("micro_batch", "seq_len", "grad_accum")},
             })
-        except SpecError as e:
-            raise serializers.ValidationError(e.errors) from None
+        except SpecError as e:  # named by the query parameter that holds the field
+            raise serializers.ValidationError(
+                {_PLAN_PARAMS.get(k, k): v for k, v in e.errors.items()}) from None
         return data
+
+
+# spec field -> the query parameter it comes from (model fields keep their spec names)
+_PLAN_PARAMS = {"model.preset": "preset", "parallel.nodes": "nodes",
+                "parallel.procs_per_node": "procs_per_node", "parallel.collective": "collective",
+                "train.micro_batch": "micro_batch", "train.seq_len": "seq_len",
+                "train.grad_accum": "grad_accum"}
 
 
 class MemoryBytes(serializers.Serializer):
