@@ -65,6 +65,11 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
 
 _PATH = "faults.policy"
 
+# Upper bounds (README's spec table): a day's hang timeout, a hundred restarts, and for every
+# threshold (counts of steps, factors, z-scores) a million, which no detector needs.
+BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100,
+                          "thresholds.*.*": 1_000_000}
+
 
 @dataclass
 class FaultPolicy:
@@ -81,6 +86,9 @@ def policy_errors(policy: FaultPolicy) -> dict[str, str]:
         errors[f"{_PATH}.hang_timeout_s"] = "must be positive"
     if policy.max_restarts < 0:
         errors[f"{_PATH}.max_restarts"] = "must be at least 0"
+    for name in ("hang_timeout_s", "max_restarts"):
+        if getattr(policy, name) > BOUNDS[name]:
+            errors[f"{_PATH}.{name}"] = f"must be at most {BOUNDS[name]}"
     return errors
 
 
@@ -117,6 +125,8 @@ def _threshold_errors(thresholds: dict[str, dict[str, float]]) -> dict[str, str]
                 errors[f"{path}.{param}"] = f"unknown threshold; valid: {valid}"
             elif not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 errors[f"{path}.{param}"] = "must be a finite number >= 0"
+            elif value > BOUNDS["thresholds.*.*"]:
+                errors[f"{path}.{param}"] = f"must be at most {BOUNDS['thresholds.*.*']}"
             elif param == "alpha" and not 0 < value < 1:
                 errors[f"{path}.{param}"] = "must be between 0 and 1"
     return errors

@@ -14,6 +14,28 @@ from typing import Literal
 RouterMode = Literal["ling2", "ling1"]
 MoEImpl = Literal["grouped_mm", "padded_bmm", "loop"]
 
+# Upper bounds of the integer fields (the spec table in README.md lists them): far above the
+# published Ling models, low enough that a typo cannot ask for an unbounded model.
+BOUNDS: dict[str, int] = {
+    "vocab_size": 1 << 20,
+    "hidden_size": 65536,
+    "intermediate_size": 1 << 18,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "max_position_embeddings": 1 << 20,
+    "num_experts": 4096,
+    "num_shared_experts": 64,
+    "num_experts_per_tok": 256,
+    "n_group": 256,
+    "topk_group": 256,
+    "moe_intermediate_size": 65536,
+    "first_k_dense_replace": 1024,
+    "num_nextn_predict_layers": 16,
+    "srw_warmup_steps": 1_000_000,
+}
+
 
 @dataclass
 class MoEConfig:
@@ -68,6 +90,9 @@ class MoEConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 errors[name] = "must be at least 1"
+        for name, most in BOUNDS.items():
+            if getattr(self, name) > most:
+                errors[name] = f"must be at most {most}"
         if errors:
             return errors
         if self.num_attention_heads % self.num_key_value_heads:
@@ -175,6 +200,17 @@ def param_count(config: MoEConfig, active: bool = False) -> int:
     mtp = 2 * hidden + 2 * hidden * hidden + block(True) + hidden
     head = 0 if c.tie_word_embeddings else vocab * hidden
     return vocab * hidden + layers + hidden + head + c.num_nextn_predict_layers * mtp
+
+
+def flops_per_token(config: MoEConfig, seq_len: int) -> float:
+    """Training FLOPs (forward and backward) per token at `seq_len`, from the config alone:
+    6 per active matrix weight (the embedding is a lookup, not a matmul) plus attention's
+    scores and values, 6 * seq_len * heads * head_dim per layer for a causal mask (the
+    PaLM estimate, halved for causality)."""
+    c = config
+    weights = param_count(c, active=True) - c.vocab_size * c.hidden_size
+    layers = c.num_hidden_layers + c.num_nextn_predict_layers
+    return 6 * weights + 6 * layers * seq_len * c.num_attention_heads * c.head_dim
 
 
 def preset(name: str) -> MoEConfig:

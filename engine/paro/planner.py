@@ -25,13 +25,18 @@ which is the "hier" model), and t_opt = read+write of the owned optimizer shard.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.horing.cost import Links, Tier, predict
 from engine.horing.topology import Topology
-from engine.moe.config import PRESETS, MoEConfig, param_count, preset
+from engine.moe.config import PRESETS, MoEConfig, flops_per_token, param_count, preset
 from engine.paro.strategy import Level, Strategy, parse_strategy
+
+# The links collectives are priced on when none were measured (the command line's defaults):
+# 800 Gbit/s and 5 us per rank within a node, 100 Gbit/s and 20 us per NIC between nodes.
+DEFAULT_LINKS = Links(intra=Tier(5e-6, 800e9 / 8), inter=Tier(20e-6, 100e9 / 8))
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class PlanRow:
     inter_bytes: float
     intra_calls: int
     inter_calls: int
+    # every strategy this row stands for: on one node I (the node) and G (all ranks) are the
+    # same group, so NII, NIG and NGG run the same collectives on the same shards
+    names: tuple[str, ...] = ()
 
 
 def schedule(
@@ -153,6 +161,44 @@ def plan(
             )
         )
     return sorted(rows, key=lambda r: (not r.fits, r.step_time_s if r.fits else r.memory_bytes))
+
+
+def merge_equivalent(rows: list[PlanRow], topology: Topology) -> list[PlanRow]:
+    """One row per distinct strategy: on one node a name with I for G (NII, NIG -> NGG) runs
+    what the G name runs, so those rows become the G name's row, naming all of them. A name
+    whose G form is not a strategy (ING -> GNG) stays its own."""
+    if topology.nodes > 1:
+        return [dataclasses.replace(r, names=(r.strategy,)) for r in rows]
+    by_name = {r.strategy: r for r in rows}
+    groups: dict[str, list[str]] = {}
+    for name in STRATEGIES:
+        canonical = name.replace("I", "G")
+        groups.setdefault(canonical if canonical in by_name else name, []).append(name)
+    merged = [dataclasses.replace(by_name[head], names=tuple(names))
+              for head, names in groups.items()]
+    order = {r.strategy: i for i, r in enumerate(rows)}
+    return sorted(merged, key=lambda r: order[r.strategy])
+
+
+def ranks_per_device(world_size: int, device: str, devices: int = 1) -> int:
+    """How many ranks share one device: the engine runs every rank on one host, so on CPU
+    they all share its cores; on GPU, ceil(world_size / devices) share each GPU."""
+    return world_size if device == "cpu" else -(-world_size // max(1, devices))
+
+
+def compute_time_s(config: MoEConfig, seq_len: int, micro_batch: int, flops_per_s: float,
+                   sharing: int = 1) -> float:
+    """One rank's forward+backward of one micro-batch on a device of `flops_per_s` that
+    `sharing` ranks take turns on (what `plan` takes as compute_time_s)."""
+    return flops_per_token(config, seq_len) * micro_batch * seq_len * sharing / flops_per_s
+
+
+def effective_flops_per_s(config: MoEConfig, seq_len: int, tokens_per_rank: int,
+                          compute_s: float, sharing: int = 1) -> float:
+    """A device's training FLOP/s as one measured step shows it: `compute_s` is a rank's
+    step less its collectives and data wait (the `compute_ms` of an ops event's rank rows)
+    for `tokens_per_rank` tokens (micro_batch * seq_len * grad_accum)."""
+    return flops_per_token(config, seq_len) * tokens_per_rank * sharing / compute_s
 
 
 def _param_count(model_config: MoEConfig | int) -> int:

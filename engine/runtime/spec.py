@@ -16,10 +16,42 @@ from typing import Any, Literal, Union
 
 from engine.anomaly.inject import FAULT_KINDS as FAULT_KINDS  # re-exported for the platform
 from engine.anomaly.inject import FaultInjection
+from engine.anomaly.policy import BOUNDS as POLICY_BOUNDS
 from engine.anomaly.policy import FaultPolicy, policy_errors
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.errors import SpecError
+from engine.moe.config import BOUNDS as MODEL_BOUNDS
 from engine.moe.config import PRESETS, MoEConfig
+
+# Upper bounds of this module's numeric fields ("*": every item of a list), checked in
+# _check_semantics; they keep a run finite in steps, memory and disk. Model and policy fields
+# have theirs next to their own checks; SPEC_BOUNDS below is all of them, by spec field.
+BOUNDS: dict[str, int] = {
+    "parallel.nodes": 1024,
+    "parallel.procs_per_node": 64,
+    "train.steps": 1_000_000,
+    "train.micro_batch": 4096,
+    "train.grad_accum": 1024,
+    "train.seq_len": 1 << 20,
+    "train.lr": 10,
+    "train.warmup": 1_000_000,
+    "train.weight_decay": 10,
+    "train.grad_clip": 1_000_000,
+    "train.seed": 2**32 - 1,
+    "train.eval_every": 1_000_000,
+    "train.eval_batches": 1000,
+    "train.trace_every": 1_000_000,
+    "train.threads": 1024,
+    "checkpoint.every": 1_000_000,
+    "checkpoint.keep": 1000,
+    "checkpoint.memory_every": 1_000_000,
+    "faults.inject.*.factor": 1000,
+}
+SPEC_BOUNDS: dict[str, int] = {
+    **BOUNDS,
+    **{f"model.{name}": most for name, most in MODEL_BOUNDS.items()},
+    **{f"faults.policy.{name}": most for name, most in POLICY_BOUNDS.items()},
+}
 
 
 @dataclass
@@ -200,6 +232,9 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
     ]:
         if value < 0:
             errors[path] = "must be at least 0"
+    for path, most in BOUNDS.items():
+        if "*" not in path and _field(spec, path) > most:
+            errors.setdefault(path, f"must be at most {most}")
     if p.strategy not in (*STRATEGIES, "auto"):
         errors["parallel.strategy"] = f"unknown strategy; valid: {', '.join(STRATEGIES)}, auto"
     if not t.lr > 0:  # NaN too
@@ -209,9 +244,9 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
     if t.grad_clip < 0:
         errors["train.grad_clip"] = "must be at least 0 (0 disables clipping)"
     if t.seq_len > spec.model.max_position_embeddings:
-        errors["train.seq_len"] = (
+        errors.setdefault("train.seq_len", (  # past its own bound: that one is named
             f"must be at most model.max_position_embeddings ({spec.model.max_position_embeddings})"
-        )
+        ))
     if spec.init.init_optimizer and not spec.init.init_from:
         errors["model.init_optimizer"] = "needs model.init_from (a Ringside checkpoint)"
     d = t.dataset
@@ -225,7 +260,18 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
             errors[f"faults.inject.{i}.step"] = f"must be between 1 and train.steps ({t.steps})"
         if not 0 <= inj.rank < p.world_size:
             errors[f"faults.inject.{i}.rank"] = f"must be a rank below {p.world_size}"
+        if inj.factor > BOUNDS["faults.inject.*.factor"]:
+            errors[f"faults.inject.{i}.factor"] = (
+                f"must be at most {BOUNDS['faults.inject.*.factor']}")
     return errors
+
+
+def _field(spec: JobSpec, path: str) -> Any:
+    """The value at a dotted spec path ("train.steps")."""
+    value: Any = spec
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
 
 
 def _build(cls: type, data: Any, path: str, errors: dict[str, str], base: Any = None) -> Any:

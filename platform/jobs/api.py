@@ -24,6 +24,7 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.filters import OrderingFilter
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,13 +33,10 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from engine.contract import COMMAND_RULES, CommandKind
-from engine.horing.cost import Links, Tier
-from engine.horing.topology import Topology
-from engine.moe.config import preset
-from engine.paro.planner import plan
+from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import exports, idempotency
+from jobs import calibration, exports, idempotency
 from jobs.errors import (
     BAD_BODY,
     BAD_QUERY,
@@ -81,9 +79,9 @@ from jobs.steering import audit, issue
 from monitor.api import SERIES, MetricsQuery, metrics_payload
 from monitor.models import Action, Anomaly, Checkpoint
 
-# Links the planner prices collectives with (engine.paro.planner's command-line defaults):
-# 800 Gbit/s and 5 us within a node, 100 Gbit/s and 20 us between nodes.
-PLAN_LINKS = Links(intra=Tier(5e-6, 800e9 / 8), inter=Tier(20e-6, 100e9 / 8))
+# Links the planner prices collectives with: engine.paro.planner's defaults (800 Gbit/s and
+# 5 us within a node, 100 Gbit/s and 20 us between nodes)
+PLAN_LINKS = DEFAULT_LINKS
 
 
 class Conflict(APIException):
@@ -137,6 +135,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
     filterset_class = JobFilter
+    parser_classes = [JSONParser]  # a form or multipart body is a 415
     ordering_fields = ["created_at", "id", "name", "state", "step"]
     ordering = ["-created_at", "-id"]
 
@@ -427,12 +426,18 @@ class PlanView(APIView):
     def get(self, request: Request) -> Response:
         query = PlanQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
-        q = query.validated_data
-        budget = q["memory_budget_gb"] * 1e9
-        rows = plan(preset(q["preset"]), Topology(q["nodes"], q["procs_per_node"]), budget,
-                    q["grad_accum"], PLAN_LINKS, collective=q["collective"])
+        spec, budget = query.validated_data["spec"], query.validated_data["memory_budget_gb"] * 1e9
+        rows, compute = calibration.predict(spec, budget, PLAN_LINKS)
+        t = spec.train
+        tokens = t.micro_batch * t.seq_len * t.grad_accum * spec.parallel.world_size
+        known = compute.time_s is not None
         return Response(PlanSerializer({"memory_budget_bytes": budget, "plans": [
-            {"strategy": r.strategy, "step_time_s": r.step_time_s, "fits": r.fits,
+            {"strategy": r.strategy, "names": r.names, "fits": r.fits,
+             "step_time_s": r.step_time_s if known else None,
+             "compute_time_s": r.compute_time_s if known else None,
+             "comm_time_s": r.comm_time_s,
+             "tokens_per_s": tokens / r.step_time_s if known else None,
+             "compute_source": compute.source,
              "memory_bytes": {"params": r.params_bytes, "grads": r.grads_bytes,
                               "optim": r.optim_bytes, "total": r.memory_bytes}}
             for r in rows]}).data)

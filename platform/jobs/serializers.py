@@ -12,7 +12,7 @@ from rest_framework.settings import api_settings
 from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, PauseMode
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
-from engine.runtime.spec import SpecError, parse_spec, with_layout
+from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec, with_layout
 from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
 from monitor.models import Anomaly, Checkpoint
 
@@ -274,13 +274,45 @@ class CommandRulesSerializer(serializers.Serializer):
 
 
 class PlanQuery(serializers.Serializer):
+    """A model, a batch and a layout to plan; checked as a job spec with them would be, so
+    the bounds and messages are the spec's own (`train.seq_len: must be at most ...`)."""
+
     preset = serializers.ChoiceField(choices=sorted(PRESETS), default="tiny")
-    nodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
-    procs_per_node = serializers.IntegerField(min_value=1, max_value=64, default=1)
-    grad_accum = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    model = serializers.JSONField(binary=True, default=dict,
+                                  help_text="MoEConfig fields over the preset, a JSON object")
+    nodes = serializers.IntegerField(default=ParallelSpec.nodes)
+    procs_per_node = serializers.IntegerField(default=ParallelSpec.procs_per_node)
+    micro_batch = serializers.IntegerField(default=TrainSpec.micro_batch)
+    seq_len = serializers.IntegerField(default=TrainSpec.seq_len)
+    grad_accum = serializers.IntegerField(default=TrainSpec.grad_accum)
     collective = serializers.ChoiceField(choices=COLLECTIVES, default="native")
     memory_budget_gb = serializers.FloatField(min_value=0, max_value=1e6, default=16.0,
                                               help_text="model-state memory per device")
+
+    def validate_model(self, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object of model fields")
+        return value
+
+    def validate(self, data: dict) -> dict:
+        try:
+            data["spec"] = parse_spec({
+                "name": "plan", "model": {**data["model"], "preset": data["preset"]},
+                "parallel": {"nodes": data["nodes"], "procs_per_node": data["procs_per_node"],
+                             "collective": data["collective"]},
+                "train": {k: data[k] for k in ("micro_batch", "seq_len", "grad_accum")},
+            })
+        except SpecError as e:  # named by the query parameter that holds the field
+            raise serializers.ValidationError(
+                {_PLAN_PARAMS.get(k, k): v for k, v in e.errors.items()}) from None
+        return data
+
+
+# spec field -> the query parameter it comes from (model fields keep their spec names)
+_PLAN_PARAMS = {"model.preset": "preset", "parallel.nodes": "nodes",
+                "parallel.procs_per_node": "procs_per_node", "parallel.collective": "collective",
+                "train.micro_batch": "micro_batch", "train.seq_len": "seq_len",
+                "train.grad_accum": "grad_accum"}
 
 
 class MemoryBytes(serializers.Serializer):
@@ -292,8 +324,18 @@ class MemoryBytes(serializers.Serializer):
 
 class PlanRowSerializer(serializers.Serializer):
     strategy = serializers.CharField()
+    names = serializers.ListField(child=serializers.CharField(), help_text=(
+        "every strategy this row stands for: on one node those that differ only in I for G "
+        "run the same (NGG = NII = NIG)"))
     memory_bytes = MemoryBytes()
-    step_time_s = serializers.FloatField()
+    step_time_s = serializers.FloatField(allow_null=True,
+                                         help_text="compute + communication + optimizer")
+    compute_time_s = serializers.FloatField(allow_null=True)
+    comm_time_s = serializers.FloatField()
+    tokens_per_s = serializers.FloatField(allow_null=True)
+    compute_source = serializers.CharField(help_text=(
+        'where compute came from: "measured: job 12", "calibrated matmul rate 35 GFLOP/s" '
+        'or "unknown: ..." (then no step time)'))
     fits = serializers.BooleanField()
 
 

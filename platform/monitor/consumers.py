@@ -25,7 +25,8 @@ it, then closed with 4400.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import logging
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -33,6 +34,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import connection, transaction
+from redis.exceptions import RedisError
 
 from jobs.models import Job, JobEvent
 from jobs.permissions import visible_jobs
@@ -51,6 +53,27 @@ SNAPSHOT_FEED = 500  # newest anomalies, actions and checkpoints each
 SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
 REPLAY_CHUNK = 500  # stored events read per query when replaying
+CLOSE_LAYER_FAILED = 1011  # the server cannot go on: its channel layer (Redis) failed
+# what a slow or unreachable Redis raises from the channel layer (asyncio's timeouts are the
+# builtin TimeoutError; lost connections are OSErrors)
+LAYER_ERRORS = (TimeoutError, OSError, RedisError)
+
+log = logging.getLogger(__name__)
+
+
+class LayerErrors:
+    """A channel-layer failure (group_add on connect, group_discard on disconnect, receiving
+    group messages) ends the socket with one logged line and close code 1011, instead of an
+    ASGI traceback per socket; the client reconnects with `?after=` once Redis is back."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except LAYER_ERRORS as e:
+            log.warning("websocket %s closed: channel layer failed (%s: %s)", scope.get("path"),
+                        type(e).__name__, e)
+            with suppress(Exception):  # the client may be gone already; nothing to tell it
+                await send({"type": "websocket.close", "code": CLOSE_LAYER_FAILED})
 
 
 class TokenAuthMiddleware:
@@ -93,7 +116,7 @@ def _query_param(scope: dict[str, Any], name: str) -> str | None:
     return parse_qs(scope.get("query_string", b"").decode()).get(name, [None])[0]
 
 
-class JobConsumer(AsyncJsonWebsocketConsumer):
+class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -201,7 +224,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             }
 
 
-class JobListConsumer(AsyncJsonWebsocketConsumer):
+class JobListConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:

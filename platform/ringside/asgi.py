@@ -3,6 +3,7 @@ no separate web server) and the websocket routes, authenticated by session or AP
 
 import gc
 import os
+from urllib.parse import urlparse
 
 from django.core.asgi import get_asgi_application
 
@@ -10,16 +11,43 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ringside.settings")
 django_http = get_asgi_application()  # sets Django up before the consumers import models
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.security.websocket import OriginValidator, WebsocketDenier  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from monitor.consumers import SessionOrTokenAuth  # noqa: E402
 from monitor.routing import websocket_urlpatterns  # noqa: E402
 
+
+class SameOriginValidator(OriginValidator):
+    """Refuses a websocket opened by a page of another site. A browser sends the session
+    cookie with any websocket, whatever page opens it (websockets have no CORS), so without
+    this any site its user visits could watch their jobs. Allowed: the page's own origin (the
+    Origin's host is the Host the socket was opened on), the ALLOWED_HOSTS named (not "*",
+    which would allow every site) and CSRF_TRUSTED_ORIGINS; and no Origin at all, which only
+    clients that are not browsers send (the CLI's `websockets` sends none)."""
+
+    def __init__(self, application) -> None:
+        named = [h for h in settings.ALLOWED_HOSTS if h != "*"]
+        super().__init__(application, named + settings.CSRF_TRUSTED_ORIGINS)
+
+    async def __call__(self, scope, receive, send):
+        headers = dict(scope.get("headers", []))
+        origin, host = headers.get(b"origin"), headers.get(b"host", b"")
+        if origin is None or self._same_or_allowed(origin.decode("latin1"),
+                                                   host.decode("latin1")):
+            return await self.application(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)
+
+    def _same_or_allowed(self, origin: str, host: str) -> bool:
+        parsed = urlparse(origin)
+        return parsed.netloc.lower() == host.lower() or self.validate_origin(parsed)
+
+
 application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_http),
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": SameOriginValidator(
             SessionOrTokenAuth(URLRouter(websocket_urlpatterns))
         ),
     }

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "ringside.api_errors.BodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -140,8 +141,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
 CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "2"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
-# task modules other than the apps' `tasks` (which autodiscovery finds)
-CELERY_IMPORTS = ["jobs.exports"]
+# task modules other than the apps' `tasks` (which autodiscovery finds): the export and the
+# planner's host calibration
+CELERY_IMPORTS = ["jobs.exports", "jobs.calibration"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
@@ -185,6 +187,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",
+    # JSON 415 naming the type to use (and DRF's own answers otherwise)
+    "EXCEPTION_HANDLER": "ringside.api_errors.exception_handler",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {

@@ -238,12 +238,20 @@ export class Controls {
   }
 
   // -- reshard: a layout, the planner's prediction for each strategy -----------------------
+  // A reshard keeps the global batch: each of the new layout's ranks gets its share of it.
   replan() {
+    const { spec } = this.job;
+    const { preset, ...model } = spec.model ?? {};
+    const world = (spec.parallel?.nodes ?? 1) * (spec.parallel?.procs_per_node ?? 1);
+    const newWorld = Number(this.nodes.value) * Number(this.procs.value);
+    const microBatch = spec.train?.micro_batch ?? 8;
     this.plan.update({
-      preset: this.job.spec.model?.preset || "tiny",
+      preset: preset || "tiny", model: JSON.stringify(model),
       nodes: this.nodes.value, procs_per_node: this.procs.value,
-      grad_accum: this.job.spec.train?.grad_accum ?? 1,
-      collective: this.job.spec.parallel?.collective ?? "native",
+      micro_batch: newWorld > 0 ? Math.max(1, Math.round((microBatch * world) / newWorld)) : microBatch,
+      seq_len: spec.train?.seq_len ?? 256,
+      grad_accum: spec.train?.grad_accum ?? 1,
+      collective: spec.parallel?.collective ?? "native",
     });
   }
 

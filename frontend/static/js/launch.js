@@ -71,6 +71,15 @@ function showErrors(errors) {
     target.textContent += (exact ? message : `${field || "spec"}: ${message}`) + " ";
     target.hidden = false;
   }
+  scrollToFirstError();
+}
+
+// The form is long: bring its first message (in page order) into view, and its field into focus.
+function scrollToFirstError() {
+  const first = [...form.querySelectorAll("[data-error-for]")].find((slot) => !slot.hidden && slot.textContent);
+  if (!first) return;
+  first.scrollIntoView({ block: "center", behavior: "smooth" });
+  form.querySelector(`[name="${CSS.escape(first.dataset.errorFor)}"]`)?.focus({ preventScroll: true });
 }
 
 // -- injected faults: rows named faults.inject.<i>.<field>, renumbered on removal ----------

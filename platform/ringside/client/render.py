@@ -99,11 +99,13 @@ def plan(console: Console, answer: dict[str, Any]) -> None:
     table = _table("strategy", "params GB", "grads GB", "optim GB", "total GB", "step ms",
                    "fits", title=f"per device, budget {answer['memory_budget_bytes'] / GB:g} GB")
     for row in answer["plans"]:
-        memory = row["memory_bytes"]
-        table.add_row(row["strategy"], *(f"{memory[k] / GB:.3f}" for k in
-                                         ("params", "grads", "optim", "total")),
-                      f"{row['step_time_s'] * 1e3:.1f}", "yes" if row["fits"] else "no")
+        memory, step = row["memory_bytes"], row["step_time_s"]
+        table.add_row(" = ".join(row["names"]), *(f"{memory[k] / GB:.3f}" for k in
+                                                  ("params", "grads", "optim", "total")),
+                      "–" if step is None else f"{step * 1e3:.1f}", "yes" if row["fits"] else "no")
     console.print(table)
+    if answer["plans"]:  # where the step times' compute came from, or why there are none
+        console.print(answer["plans"][0]["compute_source"])
 
 
 class Follow:

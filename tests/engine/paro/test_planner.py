@@ -8,7 +8,15 @@ from engine.contract import STRATEGIES
 from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe import param_count, preset
-from engine.paro.planner import main, plan
+from engine.moe.config import flops_per_token
+from engine.paro.planner import (
+    compute_time_s,
+    effective_flops_per_s,
+    main,
+    merge_equivalent,
+    plan,
+    ranks_per_device,
+)
 
 PSI_7B, PSI_65B = 6.74e9, 65.2e9
 GB = 1e9
@@ -157,3 +165,40 @@ def test_the_command_prints_every_strategy(capsys):
     lines = out.splitlines()
     assert lines[2].split()[:3] == ["1", "NIG", "yes"]
     assert all(name in out for name in STRATEGIES)
+
+
+def test_on_one_node_strategies_that_differ_only_in_i_for_g_are_one_row_with_every_name():
+    topo = Topology(1, 4)
+    rows = plan(preset("tiny"), topo, 80 * GB, 2, LINKS)
+    merged = merge_equivalent(rows, topo)
+    assert {r.strategy: r.names for r in merged} == {
+        "NNN": ("NNN",), "NNG": ("NNG",), "NGG": ("NGG", "NII", "NIG"),
+        "GGG": ("GGG", "IIG", "IGG", "III"), "ING": ("ING",)}
+    by_name = {r.strategy: r for r in rows}
+    for row in merged:  # the names of one row really are one strategy on one node
+        for name in row.names:
+            assert by_name[name].memory_bytes == pytest.approx(row.memory_bytes)
+            assert by_name[name].step_time_s == pytest.approx(row.step_time_s, rel=0.05)
+    two_nodes = merge_equivalent(plan(preset("tiny"), Topology(2, 2), 80 * GB, 2, LINKS),
+                                 Topology(2, 2))
+    assert [r.names for r in two_nodes] == [(r.strategy,) for r in two_nodes]
+
+
+def test_compute_time_is_the_flops_of_a_micro_batch_at_the_devices_rate_shared_by_its_ranks():
+    tiny = preset("tiny")
+    one = compute_time_s(tiny, 256, 4, 50e9)
+    assert one == pytest.approx(flops_per_token(tiny, 256) * 4 * 256 / 50e9)
+    assert compute_time_s(tiny, 256, 4, 50e9, sharing=ranks_per_device(4, "cpu")) == 4 * one
+    assert ranks_per_device(4, "cuda", devices=2) == 2 and ranks_per_device(4, "cpu") == 4
+    # the rate a measured step shows prices that step back exactly
+    rate = effective_flops_per_s(tiny, 256, 4 * 256 * 2, compute_s=1.5, sharing=2)
+    assert 2 * compute_time_s(tiny, 256, 4, rate, sharing=2) == pytest.approx(1.5)
+
+
+def test_flops_per_token_is_six_per_active_matrix_weight_plus_causal_attention():
+    tiny = preset("tiny")
+    weights = param_count(tiny, active=True) - tiny.vocab_size * tiny.hidden_size
+    at_zero = flops_per_token(tiny, 0)
+    assert at_zero == 6 * weights
+    layers = tiny.num_hidden_layers + tiny.num_nextn_predict_layers
+    assert flops_per_token(tiny, 256) - at_zero == 6 * layers * 256 * 4 * 64

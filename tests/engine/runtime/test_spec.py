@@ -1,8 +1,11 @@
 """The job spec: presets plus overrides, and an error naming every bad field."""
 
+import re
+from pathlib import Path
+
 import pytest
 
-from engine.runtime.spec import SpecError, parse_spec, with_layout
+from engine.runtime.spec import SPEC_BOUNDS, SpecError, parse_spec, with_layout
 
 
 def errors_of(data) -> dict[str, str]:
@@ -108,3 +111,25 @@ def test_a_layout_change_keeps_the_global_batch_and_drops_faults_on_ranks_that_g
     assert (spec.parallel.world_size, spec.train.micro_batch) == (2, 4)
     assert [(i.kind, i.rank) for i in spec.faults.inject] == [("nan", 0)]
     assert data["faults"]["inject"][0]["rank"] == 3  # the caller's spec is left as it was
+
+
+def test_the_readme_spec_table_lists_every_bound_as_defined():
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    documented = {}
+    for row in re.findall(r"^\| `(\w+)` \|.*\| (.*) \|$", readme, flags=re.M):
+        section, bounds = row
+        for field, most in re.findall(r"`([\w.*]+)` (\d+)", bounds):
+            documented[f"{section}.{field}"] = int(most)
+    assert documented == SPEC_BOUNDS
+
+
+@pytest.mark.parametrize("path, most", sorted(SPEC_BOUNDS.items()))
+def test_a_value_past_its_bound_is_refused_naming_the_field(path, most):
+    field = path.replace("*", "0").replace("thresholds.0.0", "thresholds.loss_spike.z")
+    data = {"name": "demo", "faults": {"inject": [{"kind": "loss_spike", "step": 1}]}}
+    *parents, last = field.split(".")
+    node = data
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    node[last] = most + 1
+    assert errors_of(data)[field] == f"must be at most {most}"
