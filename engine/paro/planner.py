@@ -115,18 +115,9 @@ def plan(
     forward+backward; `links` the two tiers (engine.horing.cost.calibrate measures them)."""
     psi = _param_count(model_config)
     trainable = psi if trainable is None else trainable
-    checks = {
-        "model_config": psi >= 1,
-        "trainable": 0 <= trainable <= psi,
-        "memory_budget_bytes": memory_budget_bytes >= 0,
-        "grad_accum": grad_accum >= 1,
-        "compute_time_s": compute_time_s >= 0,
-        "dtype_bytes": dtype_bytes in (2, 4),
-        "optimizer_bytes_per_s": optimizer_bytes_per_s > 0,
-    }
-    for name, ok in checks.items():
-        if not ok:
-            raise ValueError(f"{name}: invalid value for the planner ({locals().get(name)!r})")
+    _check_arguments(psi=psi, trainable=trainable, memory_budget_bytes=memory_budget_bytes,
+                     grad_accum=grad_accum, compute_time_s=compute_time_s,
+                     dtype_bytes=dtype_bytes, optimizer_bytes_per_s=optimizer_bytes_per_s)
     g, n = topology.procs_per_node, topology.world_size
     # fp32 master weights + Adam's m and v; fp32 parameters are their own master weights
     optim_bytes = 12 if dtype_bytes == 2 else 8
@@ -141,26 +132,33 @@ def plan(
         transient = dtype_bytes * trainable + (dtype_bytes * psi if s.params != "N" else 0)
         colls = schedule(s, psi, trainable, grad_accum, dtype_bytes)
         comm = sum(c.count * _time(c, topology, links, collective) for c in colls)
-        volume = _volumes(colls, topology)
         optim_time = 2 * o_bytes / optimizer_bytes_per_s
         compute = grad_accum * compute_time_s
-        rows.append(
-            PlanRow(
-                strategy=name,
-                fits=memory <= memory_budget_bytes,
-                memory_bytes=memory,
-                params_bytes=p_bytes,
-                grads_bytes=g_bytes,
-                optim_bytes=o_bytes,
-                peak_bytes=memory + transient,
-                step_time_s=compute + comm + optim_time,
-                compute_time_s=compute,
-                comm_time_s=comm,
-                optim_time_s=optim_time,
-                **volume,
-            )
-        )
+        rows.append(PlanRow(
+            strategy=name, fits=memory <= memory_budget_bytes, memory_bytes=memory,
+            params_bytes=p_bytes, grads_bytes=g_bytes, optim_bytes=o_bytes,
+            peak_bytes=memory + transient, step_time_s=compute + comm + optim_time,
+            compute_time_s=compute, comm_time_s=comm, optim_time_s=optim_time,
+            **_volumes(colls, topology),
+        ))
     return sorted(rows, key=lambda r: (not r.fits, r.step_time_s if r.fits else r.memory_bytes))
+
+
+def _check_arguments(psi: int, trainable: int, memory_budget_bytes: float, grad_accum: int,
+                     compute_time_s: float, dtype_bytes: int,
+                     optimizer_bytes_per_s: float) -> None:
+    checks = {  # name: (value, valid)
+        "model_config": (psi, psi >= 1),
+        "trainable": (trainable, 0 <= trainable <= psi),
+        "memory_budget_bytes": (memory_budget_bytes, memory_budget_bytes >= 0),
+        "grad_accum": (grad_accum, grad_accum >= 1),
+        "compute_time_s": (compute_time_s, compute_time_s >= 0),
+        "dtype_bytes": (dtype_bytes, dtype_bytes in (2, 4)),
+        "optimizer_bytes_per_s": (optimizer_bytes_per_s, optimizer_bytes_per_s > 0),
+    }
+    for name, (value, valid) in checks.items():
+        if not valid:
+            raise ValueError(f"{name}: invalid value for the planner ({value!r})")
 
 
 def merge_equivalent(rows: list[PlanRow], topology: Topology) -> list[PlanRow]:
