@@ -39,11 +39,24 @@ TAG = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,31}$")
 MAX_TAGS = 16
 
 
+class TagList(serializers.ListField):
+    """A list of tags whose errors are one message for the field, as every other field's are
+    (a ListField reports them per index, which the API's error schema does not describe)."""
+
+    child = serializers.CharField(allow_blank=True)
+
+    def run_child_validation(self, data: list) -> list[str]:
+        try:
+            return super().run_child_validation(data)
+        except serializers.ValidationError:
+            raise serializers.ValidationError("each tag must be a string") from None
+
+
 class JobNoteSerializer(serializers.ModelSerializer):
     """What the owner may change on a job: its tags and note (PATCH /api/jobs/<id>/)."""
 
-    tags = serializers.ListField(
-        child=serializers.CharField(), max_length=MAX_TAGS, required=False,
+    tags = TagList(
+        max_length=MAX_TAGS, required=False,
         help_text=f"at most {MAX_TAGS}; each lowercase letters, digits and `_.:-`, "
         "at most 32 characters, starting with a letter or digit")
     note = serializers.CharField(max_length=2000, allow_blank=True, required=False,

@@ -17,8 +17,9 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.settings import api_settings
 from rest_framework.test import APIClient
 
-from jobs.models import ApiToken, AuditEntry, Command, Job, JobEvent, State, Webhook
+from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
 from monitor.ingest import store_events
+from monitor.models import Checkpoint
 from ringside.asgi import application
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +39,9 @@ def job_operations() -> list[tuple[str, str]]:
 
 
 def request(client: APIClient, method: str, path: str, job_id: int = 1):
-    url = path.replace("{id}", str(job_id)).replace("{job_id}", str(job_id))
+    checkpoint = Checkpoint.objects.filter(job_id=job_id).values_list("pk", flat=True).first()
+    url = path.replace("{id}", str(job_id)).replace("{job_id}", str(job_id)).replace(
+        "{checkpoint_id}", str(checkpoint or 1))
     return getattr(client, method)(url, {}, format="json") if method == "post" else \
         getattr(client, method)(url)
 
@@ -63,7 +66,12 @@ def theirs(other_user, small_spec) -> Job:
                              "max_ms": 8.0, "slowest_rank": 0, "per_rank_ms": [8.0]}}},
         {"type": "experts", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 3,
          "layers": [{"tokens_per_expert": [3, 1], "max_violation": 0.5, "dead_experts": 0}]},
+        {"type": "checkpoint", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 4,
+         "path": "/runs/theirs/step-000001", "tier": "disk", "blocking_s": 0.1,
+         "size_bytes": 10, "strategy": "NNN", "world_size": 1},
     ])
+    Export.objects.create(checkpoint=Checkpoint.objects.get(job=job), out_dir="/exports/theirs",
+                          state="done")
     return job
 
 
