@@ -157,18 +157,23 @@ def test_rollback_skips_the_data_window_and_checkpoint_now(tmp_path):
     assert again["loss"] != before["loss"]
 
 
-def test_set_changes_the_learning_rate_from_the_next_step_and_a_resume_keeps_it(tmp_path):
+def test_set_changes_the_learning_rate_from_the_next_step_and_rollback_reshard_resume_keep_it(
+        tmp_path):
     spec = nano("live", steps=30)
     spec["train"].update(warmup=0, min_lr_ratio=1.0)  # a flat schedule: each step's lr is lr
     run = Run(tmp_path, spec)
-    run.wait_for(lambda e: e["type"] == "step" and e["step"] >= 3)
+    run.wait_for(lambda e: e["type"] == "checkpoint" and e["step"] == 5)
     run.command("set", **{"train.lr": 0.0005})
     changed = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "set")
     # one bad key refuses the whole command: the good factor beside it is not applied either
     send("", "set", {"train.lr_factor": 2.0, "train.warmup": -1}, run_dir=run.run_dir,
          command_id="test-bad-set")
     refused = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "refused")
-    run.wait_for(lambda e: e["type"] == "step" and e["step"] >= refused["step"] + 2)
+    run.command("rollback", step=5)  # to before the change: the change is kept
+    back = run.wait_for(lambda e: e["type"] == "action" and e["action"] == "rollback")
+    run.command("reshard", strategy="NNN", nodes=1, procs_per_node=1)
+    resharded = run.wait_for(lambda e: e["type"] == "state" and e["state"] == "resharding")
+    run.wait_for(lambda e: e["type"] == "step" and e["seq"] > resharded["seq"])
     run.command("pause")
     assert run.finish() == ExitCode.PAUSED
 
@@ -176,9 +181,11 @@ def test_set_changes_the_learning_rate_from_the_next_step_and_a_resume_keeps_it(
     assert changed["changes"] == {"train.lr": {"old": 2e-3, "new": 0.0005}}
     assert (refused["command"], refused["error"]) == ("test-bad-set",
                                                       "train.warmup: must be at least 0")
-    lrs = {e["step"]: e["lr"] for e in run.events() if e["type"] == "step"}
-    assert {lr for step, lr in lrs.items() if step <= changed["step"]} == {2e-3}
-    assert {lr for step, lr in lrs.items() if step > changed["step"]} == {0.0005}
+    assert (back["to_step"], back["settings"]) == (5, "kept")
+    steps = [e for e in run.events() if e["type"] == "step"]
+    assert {e["lr"] for e in steps if e["seq"] < changed["seq"]} == {2e-3}
+    assert {e["lr"] for e in steps if e["seq"] > changed["seq"]} == {0.0005}
+    assert any(e["seq"] > resharded["seq"] for e in steps)
 
     paused_at = run.events()[-1]["seq"]
     resumed = Run(tmp_path, spec, "--resume", str(run.run_dir / "checkpoints"))

@@ -12,14 +12,6 @@ from tests.platform.jobs.test_steering import control_commands
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def running(user, small_spec):
-    job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    job.start(supervisor="test")
-    job.mark_running()
-    return job
-
-
 def test_set_is_delivered_with_the_values_as_the_engine_takes_them_and_audited(api, running):
     response = api.post(f"/api/jobs/{running.pk}/set/", {"train.lr": 1, "checkpoint.every": 20},
                         format="json")

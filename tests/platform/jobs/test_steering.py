@@ -18,14 +18,6 @@ from monitor.models import Checkpoint
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def running(user, small_spec):
-    job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    job.start(supervisor="test")
-    job.mark_running()
-    return job
-
-
 def control_commands(job: Job) -> list[dict]:
     from django.conf import settings
 

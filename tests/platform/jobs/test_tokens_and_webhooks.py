@@ -73,8 +73,8 @@ def test_the_token_page_creates_a_token_shows_its_key_once_and_revokes_it(browse
     empty = browser.get("/tokens/")
     assert empty.status_code == 200 and b"No tokens yet." in empty.content
     created = browser.post("/tokens/", {"name": "laptop", "csrfmiddlewaretoken":
-                                        csrf_token(empty)})
-    assert created.status_code == 200
+                                        csrf_token(empty)}, follow=True)
+    assert created.redirect_chain == [("/tokens/", 302)]  # a reload does not post again
     key = re.search(r'<code id="new-token">([0-9a-f]{40})</code>', created.content.decode())[1]
     assert authenticates(key)
     again = browser.get("/tokens/")
@@ -109,7 +109,7 @@ def test_the_token_page_names_a_bad_name_and_the_hourly_limit(browser, user, set
     nameless = browser.post("/tokens/", {"name": " ", "csrfmiddlewaretoken": csrf_token(page)})
     assert nameless.status_code == 400 and b"name: give the token a name" in nameless.content
     first = browser.post("/tokens/", {"name": "one", "csrfmiddlewaretoken": csrf_token(page)})
-    assert first.status_code == 200
+    assert first.status_code == 302  # created: back to the page, which shows its key once
     second = browser.post("/tokens/", {"name": "two", "csrfmiddlewaretoken": csrf_token(page)})
     assert second.status_code == 400
     assert b"too many new tokens this hour" in second.content

@@ -1,32 +1,15 @@
 """A warm pause through the platform: the API takes the mode and hands the engine its limit,
 refuses a bad body naming the field, and a warm-paused job is resumed by its running engine."""
 
-import json
 
 import psutil
 import pytest
-import redis
 from django.conf import settings
 
-from engine.runtime.events import control_stream
 from jobs.models import Command, Job, State
+from tests.platform.jobs.test_steering import control_commands
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def running(user, small_spec):
-    job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    job.start(supervisor="test")
-    job.mark_running()
-    return job
-
-
-def control_commands(job: Job) -> list[dict]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    entries = client.xrange(control_stream(str(job.pk)))
-    client.close()
-    return [json.loads(fields[b"command"]) for _, fields in entries]
 
 
 def test_a_warm_pause_is_stored_as_asked_and_the_engine_gets_the_platforms_limit(
