@@ -66,14 +66,34 @@ class LayerErrors:
     group messages) ends the socket with one logged line and close code 1011, instead of an
     ASGI traceback per socket; the client reconnects with `?after=` once Redis is back."""
 
+    async def join(self, group: str) -> bool:
+        """Join a group; False (the socket closed, the failure logged) if the layer failed."""
+        try:
+            await self.channel_layer.group_add(group, self.channel_name)
+        except LAYER_ERRORS as e:
+            _log_layer_failure(self.scope, e)
+            await self.close(code=CLOSE_LAYER_FAILED)
+            return False
+        return True
+
+    async def leave(self, group: str) -> None:
+        try:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        except LAYER_ERRORS as e:  # the socket is closing anyway
+            _log_layer_failure(self.scope, e)
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except LAYER_ERRORS as e:
-            log.warning("websocket %s closed: channel layer failed (%s: %s)", scope.get("path"),
-                        type(e).__name__, e)
+        except LAYER_ERRORS as e:  # receiving group messages failed
+            _log_layer_failure(scope, e)
             with suppress(Exception):  # the client may be gone already; nothing to tell it
                 await send({"type": "websocket.close", "code": CLOSE_LAYER_FAILED})
+
+
+def _log_layer_failure(scope: dict[str, Any], error: BaseException) -> None:
+    log.warning("websocket %s closed: channel layer failed (%s: %s)", scope.get("path"),
+                type(error).__name__, error)
 
 
 class TokenAuthMiddleware:
@@ -134,7 +154,8 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_BAD_REQUEST)
             return
         self.group = job_group(self.job_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        if not await self.join(self.group):
+            return
         await self.accept()
         if after is None:
             snapshot = await self._snapshot()
@@ -149,7 +170,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.leave(self.group)
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         await self.send_json({"type": "error", "seq": self.sent_seq,
@@ -232,13 +253,14 @@ class JobListConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
             return
         self.groups_joined = [STAFF_GROUP if user.is_staff else user_group(user.pk)]
         for group in self.groups_joined:
-            await self.channel_layer.group_add(group, self.channel_name)
+            if not await self.join(group):
+                return
         await self.accept()
         await self.send_json(await self._snapshot(user))
 
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await self.leave(group)
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         await self.send_json({"type": "error", "seq": 0, "error": "this socket is read-only"})
