@@ -19,7 +19,7 @@ export class Exports {
     return `/api/jobs/${this.jobId}/checkpoints/${checkpoint.id}/export/`;
   }
 
-  // The checkpoints as the API lists them (with ids and their exports), oldest first.
+  // The checkpoints as the API lists them (with ids and their exports), in the order to show.
   show(checkpoints) {
     this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk");
     for (const c of this.checkpoints) {
@@ -29,7 +29,7 @@ export class Exports {
       this.list.replaceChildren(el("li", { class: "muted" }, "No disk checkpoint yet."));
       return;
     }
-    this.list.replaceChildren(...[...this.checkpoints].reverse().map((c) => this.row(c)));
+    this.list.replaceChildren(...this.checkpoints.map((c) => this.row(c)));
   }
 
   row(checkpoint) {
