@@ -1,8 +1,10 @@
 """A person launches a 2x2 `tiny` job from the form with an injected loss spike and a slow
 rank, watches the dashboard explain both, and steers the run from its page: checkpoint,
 rollback to a checkpoint picked on the loss chart, pause, resume, reshard onto another
-strategy, cancel. Every control's result appears on the page; screenshots of each stage go
-to test-results/."""
+strategy, cancel. Every control's result appears on the page, and says done only once its
+effect shows (Checkpoint now is held until the checkpoint is written; a resume waits for the
+engine to step again; the checkpoints a rollback abandoned are labelled so in the picker);
+screenshots of each stage go to test-results/."""
 
 import re
 
@@ -37,7 +39,8 @@ def fill_launch_form(page: Page) -> None:
     expect(form.locator("select[name='parallel.strategy']")).to_have_value("NNG")
     fields = {"train.steps": "400", "train.micro_batch": "2", "train.seq_len": "64",
               "train.warmup": "5", "train.eval_every": "0", "train.threads": "1",
-              "checkpoint.every": "5", "faults.policy.actions.straggler": "observe"}
+              "checkpoint.every": "5", "checkpoint.keep": "10",
+              "faults.policy.actions.straggler": "observe"}
     for name, value in fields.items():
         form.locator(f"[name='{name}']").fill(value)
     for kind, step, rank, factor in (("loss_spike", SPIKE_STEP, 1, 10),
@@ -52,6 +55,45 @@ def fill_launch_form(page: Page) -> None:
 
 def command_result(page: Page, kind: str):
     return page.locator(f"#results li[data-kind={kind}]").first
+
+
+def record_checkpoint_button(page: Page) -> None:
+    """window.enabledWhile: the newest checkpoint command's state each time the Checkpoint
+    now button is enabled again."""
+    page.evaluate("""() => {
+        window.enabledWhile = [];
+        const button = document.getElementById('checkpoint');
+        new MutationObserver(() => button.disabled || window.enabledWhile.push(
+            document.querySelector('#results li[data-kind=checkpoint]')?.dataset.state))
+          .observe(button, { attributes: true, attributeFilter: ['disabled'] });
+    }""")
+
+
+def record_picker(page: Page) -> None:
+    """window.picked: the rollback picker's [step, branch, labelled "abandoned branch"] rows,
+    each time they change."""
+    page.evaluate("""() => {
+        window.picked = [];
+        const list = document.getElementById('checkpoint-list');
+        new MutationObserver(() => window.picked.push([...list.querySelectorAll('li[data-step]')]
+            .map(li => [Number(li.dataset.step), li.dataset.branch,
+                        li.textContent.includes('abandoned branch')])))
+          .observe(list, { childList: true });
+    }""")
+
+
+def record_resume(page: Page) -> None:
+    """window.resumes: the resume entry's state with the job's state and live step count, each
+    time the Commands card changes."""
+    page.evaluate("""() => {
+        window.resumes = [];
+        new MutationObserver(() => window.resumes.push({
+            state: document.querySelector('#results li[data-kind=resume]')?.dataset.state,
+            job: document.getElementById('state').dataset.state,
+            steps: Number(document.getElementById('job').dataset.liveSteps) }))
+          .observe(document.getElementById('results'), { childList: true, subtree: true,
+                                                          attributes: true });
+    }""")
 
 
 def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
@@ -94,11 +136,16 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     page.screenshot(path=output_dir / "2-wide-screen.png", full_page=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
-    # checkpoint now: acknowledged by the engine with the checkpoint it wrote
+    # checkpoint now: held from the click until the engine acknowledges the checkpoint it
+    # wrote, then given back
+    record_checkpoint_button(page)
     page.click("#checkpoint")
+    expect(page.locator("#checkpoint")).to_be_disabled()
     expect(command_result(page, "checkpoint")).to_have_attribute("data-state", "done",
                                                                 timeout=60_000)
     expect(command_result(page, "checkpoint")).to_contain_text(re.compile(r"step-\d+"))
+    expect(page.locator("#checkpoint")).to_be_enabled()
+    assert set(page.evaluate("window.enabledWhile")) == {"done"}
 
     # roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data
     page.click("#rollback")
@@ -114,11 +161,22 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     page.mouse.click(target["x"], target["y"])
     expect(page.locator("#rollback-picked")).to_have_text(f"checkpoint of step {target['step']}")
     page.check("#rollback-skip")
+    record_picker(page)
     page.click("#rollback-go")
     rollback = command_result(page, "rollback")
     expect(rollback).to_have_attribute("data-state", "done", timeout=60_000)
     expect(rollback).to_contain_text(f"→ {target['step']}")
     expect(rollback).to_contain_text("data window skipped")
+    # the checkpoints written past the target before the rollback stay in the picker as the
+    # abandoned branch, after the live one; a step the new branch saved again is listed once
+    page.wait_for_function("() => window.picked.some(rows => rows.some(r => r[1] === 'abandoned'))",
+                           timeout=30_000)
+    for rows in page.evaluate("window.picked"):
+        branches = [branch for _, branch, _ in rows]
+        assert branches == sorted(branches, key=lambda b: b == "abandoned"), rows
+        assert all(labelled == (branch == "abandoned") for _, branch, labelled in rows), rows
+        assert all(step > target["step"] for step, b, _ in rows if b == "abandoned"), rows
+        assert len({step for step, _, _ in rows}) == len(rows), rows
     page.wait_for_function(
         """() => document.getElementById('chart-loss').data
              .some(t => t.name === 'actions' && t.text.some(s => s.includes('rollback')))""")
@@ -138,11 +196,18 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
         .find(t => t.name === 'loss').x""")
     assert steps == sorted(set(steps)) and steps[-1] > target["step"]
 
-    # resume: the engine comes back from the pause checkpoint and the page follows it
+    # resume: the API settles it at once (the job is queued again), but the page says done
+    # only when the engine comes back from the pause checkpoint: running, and a step from it
+    record_resume(page)
+    steps_before = int(page.locator("#job").get_attribute("data-live-steps"))
     page.click("#resume")
-    expect(command_result(page, "resume")).to_have_attribute("data-state", "done",
-                                                              timeout=60_000)
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    resume = command_result(page, "resume")
+    expect(resume).to_have_attribute("data-state", "waiting")
+    expect(resume).to_contain_text("waiting for the engine")
+    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    done = next(r for r in page.evaluate("window.resumes") if r["state"] == "done")
+    assert done["job"] == "running" and done["steps"] > steps_before, done
+    expect(page.locator("#state")).to_have_text("running")
     page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
 
     # reshard onto another strategy on the same 2x2 layout, picked in the planner's table
