@@ -19,6 +19,8 @@ const RUNS_AGAIN = new Set(["resume", "reshard"]);
 // before the first is written would only queue another)
 const HOLD = new Set(["checkpoint"]);
 const WAITING = "waiting for the engine…";
+// the job's states on its way back to running after a resume or reshard
+const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm"]);
 
 // a `set` action's changes: "train.lr 0.002 → 0.0005"
 const changesText = (changes) => Object.entries(changes ?? {})
@@ -217,12 +219,12 @@ export class Controls {
   }
 
   // An entry for a command sent elsewhere, its state still to be read ("new"). Only the
-  // job's newest command can still be waiting for the engine, and only while it is not running.
+  // job's newest command can still be waiting for the engine, while the job is coming back.
   adopt(command, newest) {
     const entry = this.entry(command.id, command.kind);
     entry.dataset.state = "new";
     entry.replaceChildren(el("strong", {}, LABEL[command.kind] ?? command.kind), ` ${command.state}`);
-    const ran = !newest || this.job.state() === "running";
+    const ran = !newest || !COMING_BACK.has(this.job.state());
     this.commands.set(String(command.id), { id: String(command.id), kind: command.kind, entry, ran });
   }
 

@@ -188,7 +188,7 @@ function onMark(kind, event, live = true) {
   const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
-  charts.redrawMarkers();
+  if (live) charts.redrawMarkers(); // the snapshot's are drawn with its series, once
   if (kind === "action" && live) {
     if (event.command) showCommands(); else controls.acknowledge(event);
     // a rollback replaced steps: the stored series now hold the values trained again, and
