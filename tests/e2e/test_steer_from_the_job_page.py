@@ -7,6 +7,7 @@ engine to step again; the checkpoints a rollback abandoned are labelled so in th
 screenshots of each stage go to test-results/."""
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -96,18 +97,8 @@ def record_resume(page: Page) -> None:
     }""")
 
 
-def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
-        page, live_server_url, celery_worker, user, output_dir):
-    log_in(page, live_server_url)
-    page.click("text=New job")
-    fill_launch_form(page)
-    with page.expect_response(lambda r: r.url.endswith("/api/jobs/")) as created:
-        page.locator("#launch button[type=submit]").click()
-    assert created.value.status == 201, created.value.text()
-    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
-    page.screenshot(path=output_dir / "1-job-page.png", full_page=True)
-
-    # the loss chart fills live; the spike gets its anomaly marker on the curve
+def watch_the_spike_and_the_straggler(page: Page, output_dir: Path) -> None:
+    """The loss chart fills live; the spike gets its anomaly marker on the curve."""
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
     expect(page.locator("#job")).to_have_attribute("data-live-steps", re.compile(r"^\d\d+$"),
                                                    timeout=60_000)
@@ -136,8 +127,10 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     page.screenshot(path=output_dir / "2-wide-screen.png", full_page=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
-    # checkpoint now: held from the click until the engine acknowledges the checkpoint it
-    # wrote, then given back
+
+def checkpoint_now(page: Page) -> None:
+    """The button is held from the click until the engine acknowledges the checkpoint it
+    wrote, then given back."""
     record_checkpoint_button(page)
     page.click("#checkpoint")
     expect(page.locator("#checkpoint")).to_be_disabled()
@@ -147,12 +140,15 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     expect(page.locator("#checkpoint")).to_be_enabled()
     assert set(page.evaluate("window.enabledWhile")) == {"done"}
 
-    # roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data
+
+def roll_back_to_a_checkpoint_picked_on_the_chart(page: Page, output_dir: Path) -> int:
+    """Roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data;
+    the step rolled back to."""
     page.click("#rollback")
     target = page.evaluate("""() => {
         const gd = document.getElementById('chart-loss');
         const trace = gd.data.find(t => t.name === 'checkpoints');
-        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=3)
+        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=10)
         const { xaxis, yaxis, _size } = gd._fullLayout;
         const box = gd.querySelector('.nsewdrag').getBoundingClientRect();
         return { step: trace.x[i], x: box.left + xaxis.l2p(trace.x[i]),
@@ -181,6 +177,41 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
         """() => document.getElementById('chart-loss').data
              .some(t => t.name === 'actions' && t.text.some(s => s.includes('rollback')))""")
     page.screenshot(path=output_dir / "3-rolled-back.png", full_page=True)
+    return target["step"]
+
+
+def resume_and_see_the_engine_run_again(page: Page, output_dir: Path) -> None:
+    """The API settles a resume at once (the job is queued again), but the page says done
+    only when the engine comes back from the pause checkpoint: running, and a step from it."""
+    record_resume(page)
+    steps_before = int(page.locator("#job").get_attribute("data-live-steps"))
+    page.click("#resume")
+    resume = command_result(page, "resume")
+    expect(resume).to_have_attribute("data-state", "waiting")
+    expect(resume).to_contain_text("waiting for the engine")
+    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    done = next(r for r in page.evaluate("window.resumes") if r["state"] == "done")
+    assert done["job"] == "running" and done["steps"] > steps_before, done
+    expect(page.locator("#state")).to_have_text("running")
+    page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
+
+
+def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
+        page, live_server_url, celery_worker, user, output_dir):
+    log_in(page, live_server_url)
+    page.click("text=New job")
+    fill_launch_form(page)
+    with page.expect_response(lambda r: r.url.endswith("/api/jobs/")) as created:
+        page.locator("#launch button[type=submit]").click()
+    assert created.value.status == 201, created.value.text()
+    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
+    page.screenshot(path=output_dir / "1-job-page.png", full_page=True)
+
+    watch_the_spike_and_the_straggler(page, output_dir)
+
+    checkpoint_now(page)
+
+    target = roll_back_to_a_checkpoint_picked_on_the_chart(page, output_dir)
 
     # pause: checkpoint and stop
     expect(page.locator("#pause")).to_be_enabled(timeout=ENGINE_START_S)
@@ -194,21 +225,9 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     # runs backwards
     steps = page.evaluate("""() => document.getElementById('chart-loss').data
         .find(t => t.name === 'loss').x""")
-    assert steps == sorted(set(steps)) and steps[-1] > target["step"]
+    assert steps == sorted(set(steps)) and steps[-1] > target
 
-    # resume: the API settles it at once (the job is queued again), but the page says done
-    # only when the engine comes back from the pause checkpoint: running, and a step from it
-    record_resume(page)
-    steps_before = int(page.locator("#job").get_attribute("data-live-steps"))
-    page.click("#resume")
-    resume = command_result(page, "resume")
-    expect(resume).to_have_attribute("data-state", "waiting")
-    expect(resume).to_contain_text("waiting for the engine")
-    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
-    done = next(r for r in page.evaluate("window.resumes") if r["state"] == "done")
-    assert done["job"] == "running" and done["steps"] > steps_before, done
-    expect(page.locator("#state")).to_have_text("running")
-    page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
+    resume_and_see_the_engine_run_again(page, output_dir)
 
     # reshard onto another strategy on the same 2x2 layout, picked in the planner's table
     page.click("#reshard")
