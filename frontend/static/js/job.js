@@ -202,6 +202,7 @@ function onMark(kind, event, live = true) {
 }
 
 function onSnapshot(message) {
+  performance.mark("snapshot-received"); // where a page load's time goes (test_large_run.py)
   for (const key of Object.keys(marks)) marks[key] = [];
   $("feed").replaceChildren(el("li", { class: "empty muted" }, "No anomaly or action yet."));
   for (const e of message.anomalies ?? []) onMark("anomaly", e, false);
@@ -221,6 +222,7 @@ function onSnapshot(message) {
   showCheckpoints();
   loadCheckpoints();
   showCommands();
+  performance.mark("snapshot-shown");
 }
 
 function onMessage(message) {
