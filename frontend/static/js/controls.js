@@ -19,6 +19,8 @@ const RUNS_AGAIN = new Set(["resume", "reshard"]);
 // before the first is written would only queue another)
 const HOLD = new Set(["checkpoint"]);
 const WAITING = "waiting for the engine…";
+// an abandoned checkpoint the engine deleted: listed as history, no rollback target
+const gone = (c) => c.branch === "abandoned" && c.available === false;
 // the job's states on its way back to running after a resume or reshard
 const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm"]);
 
@@ -242,10 +244,12 @@ export class Controls {
     list.replaceChildren(...checkpoints.map((c) => el("li", { dataset: { step: c.step, branch: c.branch ?? "live" } },
       el("label", { class: "inline" },
         el("input", { type: "radio", name: "checkpoint", value: c.step, checked: this.picked?.step === c.step,
-                      onchange: () => this.pick(c) }),
+                      disabled: gone(c), onchange: () => this.pick(c) }),
         ` step ${c.step}`, el("span", { class: "muted" },
           ` · ${c.tier || "disk"} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`),
-        c.branch === "abandoned" ? el("span", { class: "tag tag-abandoned" }, "abandoned branch") : ""))));
+        c.branch === "abandoned"
+          ? el("span", { class: "tag tag-abandoned" }, `abandoned branch${gone(c) ? " · deleted" : ""}`)
+          : ""))));
   }
 
   pick(checkpoint) {

@@ -21,7 +21,8 @@ export class Exports {
 
   // The checkpoints as the API lists them (with ids and their exports), in the order to show.
   show(checkpoints) {
-    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk");
+    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk"
+                                              && c.available !== false);
     for (const c of this.checkpoints) {
       if (c.export && !this.known.has(c.id)) this.remember(c, c.export);
     }

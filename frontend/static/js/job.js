@@ -64,9 +64,10 @@ function better(a, b) {
   return a.seq > b.seq;
 }
 
-// the rollback list: one checkpoint per step, still on disk, the live branch newest first and
-// then the abandoned one. Retention deletes the oldest first, so a live one the API finds
-// missing but newer than every one on disk is still being written, not gone.
+// the rollback list: one checkpoint per step, the live branch newest first and then the
+// abandoned one (shown as the run's history even once the engine deleted it). Retention
+// deletes the oldest first, so a live one the API finds missing but newer than every one on
+// disk is still being written, not gone; an older missing one leaves the list.
 function showCheckpoints() {
   const shown = new Map();
   for (const c of marks.checkpoints.map(checkpointWithId)) {
@@ -74,7 +75,7 @@ function showCheckpoints() {
   }
   const all = [...shown.values()];
   const lastOnDisk = Math.max(-1, ...all.filter((c) => c.available === true).map((c) => c.step));
-  const kept = all.filter((c) => c.available !== false || (!abandoned(c) && c.step > lastOnDisk));
+  const kept = all.filter((c) => c.available !== false || abandoned(c) || c.step > lastOnDisk);
   controls.setCheckpoints(kept.sort((a, b) => abandoned(a) - abandoned(b) || b.step - a.step));
 }
 
