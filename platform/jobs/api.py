@@ -74,6 +74,7 @@ from jobs.serializers import (
     RollbackBody,
     SetBody,
     WebhookSerializer,
+    job_rollbacks,
 )
 from jobs.steering import audit, issue
 from monitor.api import SERIES, MetricsQuery, metrics_payload
@@ -301,9 +302,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def checkpoints(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        return self._page(Checkpoint.objects.filter(job=job).select_related("export")
-                          .order_by("seq"),
-                          CheckpointSerializer)
+        page = self.paginate_queryset(Checkpoint.objects.filter(job=job)
+                                      .select_related("export").order_by("seq"))
+        # each row's branch: the job's rollbacks, read once for the page
+        rows = CheckpointSerializer(page, many=True, context={"rollbacks": job_rollbacks(job.pk)})
+        return self.get_paginated_response(rows.data)
 
     @extend_schema(responses={200: ExportSerializer, **ERRORS},
                    description="The export of this checkpoint: its state, folder and error "

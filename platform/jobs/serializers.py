@@ -14,7 +14,7 @@ from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
 from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec, with_layout
 from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
-from monitor.models import Anomaly, Checkpoint
+from monitor.models import Action, Anomaly, Checkpoint
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -108,12 +108,36 @@ class CheckpointSerializer(serializers.ModelSerializer):
                                   "deleted it")
     export = ExportSerializer(read_only=True, allow_null=True,
                               help_text="its export as a model folder; null: never exported")
+    branch = serializers.SerializerMethodField(
+        help_text='"abandoned": a rollback written after it went back before its step, so it '
+                  'holds a run that no longer leads to the live one; else "live"')
 
     class Meta:
         model = Checkpoint
-        fields = ["id", "step", "time", "path", "tier", "size_bytes", "strategy", "world_size",
-                  "blocking_s", "available", "export"]
+        fields = ["id", "seq", "step", "time", "path", "tier", "size_bytes", "strategy",
+                  "world_size", "blocking_s", "available", "export", "branch"]
         read_only_fields = fields
+
+    def get_branch(self, checkpoint: Checkpoint) -> str:
+        # the view reads the job's rollbacks once for the page; a lone checkpoint reads its own
+        rollbacks = self.context.get("rollbacks")
+        if rollbacks is None:
+            rollbacks = job_rollbacks(checkpoint.job_id)
+        return branch(checkpoint, rollbacks)
+
+
+def job_rollbacks(job_id: int) -> list[tuple[int, int]]:
+    """(seq, to_step) of each rollback the engine carried out for the job."""
+    found = Action.objects.filter(job_id=job_id, action="rollback").values_list("seq", "details")
+    return [(seq, details["to_step"]) for seq, details in found if "to_step" in details]
+
+
+def branch(checkpoint: Checkpoint, rollbacks: list[tuple[int, int]]) -> str:
+    """"abandoned" when a later rollback (by event seq) went back to before the checkpoint's
+    step: training went on from an older state, and the steps it saved were trained again."""
+    abandoned = any(seq > checkpoint.seq and to_step < checkpoint.step
+                    for seq, to_step in rollbacks)
+    return "abandoned" if abandoned else "live"
 
 
 def job_checkpoint(job: Job, checkpoint_id: int) -> Checkpoint:

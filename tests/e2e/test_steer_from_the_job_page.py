@@ -1,10 +1,13 @@
 """A person launches a 2x2 `tiny` job from the form with an injected loss spike and a slow
 rank, watches the dashboard explain both, and steers the run from its page: checkpoint,
 rollback to a checkpoint picked on the loss chart, pause, resume, reshard onto another
-strategy, cancel. Every control's result appears on the page; screenshots of each stage go
-to test-results/."""
+strategy, cancel. Every control's result appears on the page, and says done only once its
+effect shows (Checkpoint now is held until the checkpoint is written; a resume waits for the
+engine to step again; the checkpoints a rollback abandoned are labelled so in the picker);
+screenshots of each stage go to test-results/."""
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -37,7 +40,8 @@ def fill_launch_form(page: Page) -> None:
     expect(form.locator("select[name='parallel.strategy']")).to_have_value("NNG")
     fields = {"train.steps": "400", "train.micro_batch": "2", "train.seq_len": "64",
               "train.warmup": "5", "train.eval_every": "0", "train.threads": "1",
-              "checkpoint.every": "5", "faults.policy.actions.straggler": "observe"}
+              "checkpoint.every": "5", "checkpoint.keep": "10",
+              "faults.policy.actions.straggler": "observe"}
     for name, value in fields.items():
         form.locator(f"[name='{name}']").fill(value)
     for kind, step, rank, factor in (("loss_spike", SPIKE_STEP, 1, 10),
@@ -54,18 +58,47 @@ def command_result(page: Page, kind: str):
     return page.locator(f"#results li[data-kind={kind}]").first
 
 
-def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
-        page, live_server_url, celery_worker, user, output_dir):
-    log_in(page, live_server_url)
-    page.click("text=New job")
-    fill_launch_form(page)
-    with page.expect_response(lambda r: r.url.endswith("/api/jobs/")) as created:
-        page.locator("#launch button[type=submit]").click()
-    assert created.value.status == 201, created.value.text()
-    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
-    page.screenshot(path=output_dir / "1-job-page.png", full_page=True)
+def record_checkpoint_button(page: Page) -> None:
+    """window.enabledWhile: the newest checkpoint command's state each time the Checkpoint
+    now button is enabled again."""
+    page.evaluate("""() => {
+        window.enabledWhile = [];
+        const button = document.getElementById('checkpoint');
+        new MutationObserver(() => button.disabled || window.enabledWhile.push(
+            document.querySelector('#results li[data-kind=checkpoint]')?.dataset.state))
+          .observe(button, { attributes: true, attributeFilter: ['disabled'] });
+    }""")
 
-    # the loss chart fills live; the spike gets its anomaly marker on the curve
+
+def record_picker(page: Page) -> None:
+    """window.picked: the rollback picker's [step, branch, labelled "abandoned branch"] rows,
+    each time they change."""
+    page.evaluate("""() => {
+        window.picked = [];
+        const list = document.getElementById('checkpoint-list');
+        new MutationObserver(() => window.picked.push([...list.querySelectorAll('li[data-step]')]
+            .map(li => [Number(li.dataset.step), li.dataset.branch,
+                        li.textContent.includes('abandoned branch')])))
+          .observe(list, { childList: true });
+    }""")
+
+
+def record_resume(page: Page) -> None:
+    """window.resumes: the resume entry's state with the job's state and live step count, each
+    time the Commands card changes."""
+    page.evaluate("""() => {
+        window.resumes = [];
+        new MutationObserver(() => window.resumes.push({
+            state: document.querySelector('#results li[data-kind=resume]')?.dataset.state,
+            job: document.getElementById('state').dataset.state,
+            steps: Number(document.getElementById('job').dataset.liveSteps) }))
+          .observe(document.getElementById('results'), { childList: true, subtree: true,
+                                                          attributes: true });
+    }""")
+
+
+def watch_the_spike_and_the_straggler(page: Page, output_dir: Path) -> None:
+    """The loss chart fills live; the spike gets its anomaly marker on the curve."""
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
     expect(page.locator("#job")).to_have_attribute("data-live-steps", re.compile(r"^\d\d+$"),
                                                    timeout=60_000)
@@ -94,18 +127,28 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     page.screenshot(path=output_dir / "2-wide-screen.png", full_page=True)
     page.set_viewport_size({"width": 1366, "height": 900})
 
-    # checkpoint now: acknowledged by the engine with the checkpoint it wrote
+
+def checkpoint_now(page: Page) -> None:
+    """The button is held from the click until the engine acknowledges the checkpoint it
+    wrote, then given back."""
+    record_checkpoint_button(page)
     page.click("#checkpoint")
+    expect(page.locator("#checkpoint")).to_be_disabled()
     expect(command_result(page, "checkpoint")).to_have_attribute("data-state", "done",
                                                                 timeout=60_000)
     expect(command_result(page, "checkpoint")).to_contain_text(re.compile(r"step-\d+"))
+    expect(page.locator("#checkpoint")).to_be_enabled()
+    assert set(page.evaluate("window.enabledWhile")) == {"done"}
 
-    # roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data
+
+def roll_back_to_a_checkpoint_picked_on_the_chart(page: Page, output_dir: Path) -> int:
+    """Roll back to a checkpoint picked on the loss chart (its diamond marker), skipping data;
+    the step rolled back to."""
     page.click("#rollback")
     target = page.evaluate("""() => {
         const gd = document.getElementById('chart-loss');
         const trace = gd.data.find(t => t.name === 'checkpoints');
-        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=3)
+        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=10)
         const { xaxis, yaxis, _size } = gd._fullLayout;
         const box = gd.querySelector('.nsewdrag').getBoundingClientRect();
         return { step: trace.x[i], x: box.left + xaxis.l2p(trace.x[i]),
@@ -114,15 +157,61 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     page.mouse.click(target["x"], target["y"])
     expect(page.locator("#rollback-picked")).to_have_text(f"checkpoint of step {target['step']}")
     page.check("#rollback-skip")
+    record_picker(page)
     page.click("#rollback-go")
     rollback = command_result(page, "rollback")
     expect(rollback).to_have_attribute("data-state", "done", timeout=60_000)
     expect(rollback).to_contain_text(f"→ {target['step']}")
     expect(rollback).to_contain_text("data window skipped")
+    # the checkpoints written past the target before the rollback stay in the picker as the
+    # abandoned branch, after the live one; a step the new branch saved again is listed once
+    page.wait_for_function("() => window.picked.some(rows => rows.some(r => r[1] === 'abandoned'))",
+                           timeout=30_000)
+    for rows in page.evaluate("window.picked"):
+        branches = [branch for _, branch, _ in rows]
+        assert branches == sorted(branches, key=lambda b: b == "abandoned"), rows
+        assert all(labelled == (branch == "abandoned") for _, branch, labelled in rows), rows
+        assert all(step > target["step"] for step, b, _ in rows if b == "abandoned"), rows
+        assert len({step for step, _, _ in rows}) == len(rows), rows
     page.wait_for_function(
         """() => document.getElementById('chart-loss').data
              .some(t => t.name === 'actions' && t.text.some(s => s.includes('rollback')))""")
     page.screenshot(path=output_dir / "3-rolled-back.png", full_page=True)
+    return target["step"]
+
+
+def resume_and_see_the_engine_run_again(page: Page, output_dir: Path) -> None:
+    """The API settles a resume at once (the job is queued again), but the page says done
+    only when the engine comes back from the pause checkpoint: running, and a step from it."""
+    record_resume(page)
+    steps_before = int(page.locator("#job").get_attribute("data-live-steps"))
+    page.click("#resume")
+    resume = command_result(page, "resume")
+    expect(resume).to_have_attribute("data-state", "waiting")
+    expect(resume).to_contain_text("waiting for the engine")
+    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    done = next(r for r in page.evaluate("window.resumes") if r["state"] == "done")
+    assert done["job"] == "running" and done["steps"] > steps_before, done
+    expect(page.locator("#state")).to_have_text("running")
+    page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
+
+
+def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
+        page, live_server_url, celery_worker, user, output_dir):
+    log_in(page, live_server_url)
+    page.click("text=New job")
+    fill_launch_form(page)
+    with page.expect_response(lambda r: r.url.endswith("/api/jobs/")) as created:
+        page.locator("#launch button[type=submit]").click()
+    assert created.value.status == 201, created.value.text()
+    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
+    page.screenshot(path=output_dir / "1-job-page.png", full_page=True)
+
+    watch_the_spike_and_the_straggler(page, output_dir)
+
+    checkpoint_now(page)
+
+    target = roll_back_to_a_checkpoint_picked_on_the_chart(page, output_dir)
 
     # pause: checkpoint and stop
     expect(page.locator("#pause")).to_be_enabled(timeout=ENGINE_START_S)
@@ -136,14 +225,9 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     # runs backwards
     steps = page.evaluate("""() => document.getElementById('chart-loss').data
         .find(t => t.name === 'loss').x""")
-    assert steps == sorted(set(steps)) and steps[-1] > target["step"]
+    assert steps == sorted(set(steps)) and steps[-1] > target
 
-    # resume: the engine comes back from the pause checkpoint and the page follows it
-    page.click("#resume")
-    expect(command_result(page, "resume")).to_have_attribute("data-state", "done",
-                                                              timeout=60_000)
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
-    page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
+    resume_and_see_the_engine_run_again(page, output_dir)
 
     # reshard onto another strategy on the same 2x2 layout, picked in the planner's table
     page.click("#reshard")

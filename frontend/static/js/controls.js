@@ -1,6 +1,8 @@
 // The job page's controls. Each one is a command to the API (202 with the command); its
 // result appears when the engine acknowledges it: the `action` event naming the command id,
-// or the command's own state as the API reports it after each state change of the job.
+// or the command's own state as the API reports it after each state change of the job. A
+// command is "done" on the page only once its effect shows: the API settles a resume or a
+// reshard before the engine runs again, so those wait for the job to run and step.
 import { api } from "./api.js";
 import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows } from "./format.js";
@@ -11,6 +13,16 @@ const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: 
                 rollback: "Rollback", reshard: "Reshard", set: "Set" };
 // the commands whose button opens a panel; the panel's own button sends the command
 const PANELS = ["rollback", "reshard", "set"];
+// the commands whose effect is the engine running again: done at its first step after them
+const RUNS_AGAIN = new Set(["resume", "reshard"]);
+// the buttons that stay disabled until their command is settled (a second checkpoint click
+// before the first is written would only queue another)
+const HOLD = new Set(["checkpoint"]);
+const WAITING = "waiting for the engine…";
+// an abandoned checkpoint the engine deleted: listed as history, no rollback target
+const gone = (c) => c.branch === "abandoned" && c.available === false;
+// the job's states on its way back to running after a resume or reshard
+const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm"]);
 
 // a `set` action's changes: "train.lr 0.002 → 0.0005"
 const changesText = (changes) => Object.entries(changes ?? {})
@@ -38,8 +50,9 @@ function describe(result) {
 
 export class Controls {
   constructor(job) {
-    this.job = job; // {id, spec, state()}
-    this.commands = new Map(); // id -> {kind, state, entry}
+    this.job = job; // {id, spec, state(), actions()}
+    this.commands = new Map(); // id -> {kind, entry, ran (its effect seen), doneText}
+    this.held = new Map(); // a HOLD kind -> the id of its command not settled yet
     this.checkpoints = [];
     this.picked = null;
     this.resultEl = document.getElementById("action-result");
@@ -81,7 +94,9 @@ export class Controls {
   }
 
   enable(state) {
-    for (const kind of Object.keys(LABEL)) document.getElementById(kind).disabled = !this.allowed(kind, state);
+    for (const kind of Object.keys(LABEL)) {
+      document.getElementById(kind).disabled = !this.allowed(kind, state) || this.held.has(kind);
+    }
     // the buttons in the rollback and reshard panels send those commands
     for (const kind of PANELS) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
     document.getElementById("pause-warm").disabled = !this.allowed("pause", state);
@@ -113,9 +128,45 @@ export class Controls {
     const text = kind === "cancel" ? "Cancel requested; the ranks stop within seconds."
       : settled ? `${LABEL[kind]} ${command.state}: ${describe(command.result)}`
         : `${LABEL[kind]} sent; waiting for the engine at the next step boundary…`;
-    this.update(entry, command?.state ?? "pending", text);
-    if (command) this.commands.set(String(command.id), { kind, entry });
+    if (!command) {
+      this.update(entry, "pending", text);
+      return null;
+    }
+    const known = { id: String(command.id), kind, entry, ran: false };
+    this.commands.set(known.id, known);
+    if (HOLD.has(kind) && !settled) this.held.set(kind, known.id);
+    if (settled) this.settle(known, command.state, text); else this.update(entry, command.state, text);
+    // its action event may have come over the socket before this answer did
+    for (const event of this.job.actions()) {
+      if (String(event.command) === String(command.id)) this.acknowledge(event);
+    }
     return command;
+  }
+
+  // The API or the engine settled a command. A resume or reshard the engine has not run
+  // since waits (`stepped` makes it done); a held button is given back.
+  settle(known, state, text) {
+    if (this.held.get(known.kind) === known.id) {
+      this.held.delete(known.kind);
+      this.enable(this.job.state());
+    }
+    if (state === "done" && RUNS_AGAIN.has(known.kind) && !known.ran) {
+      known.doneText = text;
+      this.update(known.entry, "waiting", `${text}; ${WAITING}`);
+      return;
+    }
+    this.update(known.entry, state, text);
+  }
+
+  // A step event: the engine runs. Each resume or reshard settled and waiting for it has
+  // taken effect (one not settled yet may still be ahead of the engine).
+  stepped() {
+    if (this.job.state() !== "running") return;
+    for (const known of this.commands.values()) {
+      if (known.entry.dataset.state !== "waiting") continue;
+      known.ran = true;
+      this.update(known.entry, "done", known.doneText);
+    }
   }
 
   entry(id, kind) {
@@ -145,7 +196,7 @@ export class Controls {
     const refused = event.action === "refused";
     const text = refused ? `${LABEL[known.kind]} refused by the engine: ${event.error}`
       : `${LABEL[known.kind]} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
-    this.update(known.entry, refused ? "refused" : "done", text);
+    this.settle(known, refused ? "refused" : "done", text);
   }
 
   // The API's view of the commands (GET /commands/, oldest first), read after each state
@@ -154,13 +205,14 @@ export class Controls {
   async refresh() {
     const { ok, data } = await api(`/api/jobs/${this.job.id}/commands/`);
     if (!ok) return;
-    for (const command of rows(data)) {
-      if (!this.commands.has(String(command.id))) this.adopt(command);
+    const commands = rows(data);
+    for (const command of commands) {
+      if (!this.commands.has(String(command.id))) this.adopt(command, command === commands.at(-1));
       const known = this.commands.get(String(command.id));
       if (known.entry.dataset.state === command.state) continue;
       if (command.state === "done" || command.state === "refused") {
         const detail = describe(command.result);
-        this.update(known.entry, command.state,
+        this.settle(known, command.state,
           `${LABEL[known.kind]} ${command.state}${detail ? `: ${detail}` : ""}`);
       } else if (command.state === "delivered") {
         known.entry.dataset.state = "delivered";
@@ -168,15 +220,19 @@ export class Controls {
     }
   }
 
-  // An entry for a command sent elsewhere, its state still to be read ("new").
-  adopt(command) {
+  // An entry for a command sent elsewhere, its state still to be read ("new"). Only the
+  // job's newest command can still be waiting for the engine, while the job is coming back.
+  adopt(command, newest) {
     const entry = this.entry(command.id, command.kind);
     entry.dataset.state = "new";
     entry.replaceChildren(el("strong", {}, LABEL[command.kind] ?? command.kind), ` ${command.state}`);
-    this.commands.set(String(command.id), { kind: command.kind, entry });
+    const ran = !newest || !COMING_BACK.has(this.job.state());
+    this.commands.set(String(command.id), { id: String(command.id), kind: command.kind, entry, ran });
   }
 
   // -- rollback: pick a checkpoint in the list or on the loss chart ----------------------------
+  // `checkpoints` in the order to offer them: the live branch newest first, then the
+  // abandoned branch (written before a rollback went back past them), labelled as such.
   setCheckpoints(checkpoints) {
     this.checkpoints = checkpoints;
     this.exports.show(checkpoints);
@@ -185,12 +241,15 @@ export class Controls {
       list.replaceChildren(el("li", { class: "muted" }, "No checkpoint yet."));
       return;
     }
-    list.replaceChildren(...[...checkpoints].reverse().map((c) => el("li", {},
+    list.replaceChildren(...checkpoints.map((c) => el("li", { dataset: { step: c.step, branch: c.branch ?? "live" } },
       el("label", { class: "inline" },
         el("input", { type: "radio", name: "checkpoint", value: c.step, checked: this.picked?.step === c.step,
-                      onchange: () => this.pick(c) }),
+                      disabled: gone(c), onchange: () => this.pick(c) }),
         ` step ${c.step}`, el("span", { class: "muted" },
-          ` · ${c.tier || "disk"} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`)))));
+          ` · ${c.tier || "disk"} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`),
+        c.branch === "abandoned"
+          ? el("span", { class: "tag tag-abandoned" }, `abandoned branch${gone(c) ? " · deleted" : ""}`)
+          : ""))));
   }
 
   pick(checkpoint) {

@@ -19,9 +19,10 @@ export class Exports {
     return `/api/jobs/${this.jobId}/checkpoints/${checkpoint.id}/export/`;
   }
 
-  // The checkpoints as the API lists them (with ids and their exports), oldest first.
+  // The checkpoints as the API lists them (with ids and their exports), in the order to show.
   show(checkpoints) {
-    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk");
+    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk"
+                                              && c.available !== false);
     for (const c of this.checkpoints) {
       if (c.export && !this.known.has(c.id)) this.remember(c, c.export);
     }
@@ -29,7 +30,7 @@ export class Exports {
       this.list.replaceChildren(el("li", { class: "muted" }, "No disk checkpoint yet."));
       return;
     }
-    this.list.replaceChildren(...[...this.checkpoints].reverse().map((c) => this.row(c)));
+    this.list.replaceChildren(...this.checkpoints.map((c) => this.row(c)));
   }
 
   row(checkpoint) {

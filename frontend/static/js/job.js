@@ -32,13 +32,15 @@ function remember(kind, event) {
   return true;
 }
 
-const controls = new Controls({ id: jobId, spec, state: () => state });
+const controls = new Controls({ id: jobId, spec, state: () => state, actions: () => marks.actions });
 const charts = new MetricCharts(jobId, {
   markers: () => marks,
-  onPickCheckpoint: (c) => controls.pick(checkpointWithId(c)),
+  // a step's marker may stand for several checkpoints of it: pick the one the list offers
+  onPickCheckpoint: (c) => controls.pick(
+    controls.checkpoints.find((shown) => shown.step === c.step) ?? checkpointWithId(c)),
 });
 const telemetry = new Telemetry({ layoutAt });
-let checkpointIds = new Map(); // step -> the API's checkpoint row (with its id)
+let checkpointRows = new Map(); // event seq -> the API's checkpoint row (its id, branch)
 let transitions = []; // the API's state history of the job
 
 // The layout a step ran on: the spec's until the first reshard before it, then that one's.
@@ -48,17 +50,33 @@ function layoutAt(step) {
 }
 
 function checkpointWithId(c) {
-  return { ...c, ...(checkpointIds.get(c.step) ?? {}) };
+  return { ...c, ...(checkpointRows.get(c.seq) ?? {}) };
 }
 
-// the rollback list: the checkpoints still on disk, the newest of each step (a step trained
-// again after a rollback is checkpointed again). Retention deletes the oldest first, so one
-// the API finds missing but newer than every one on disk is still being written, not gone.
+// Of two checkpoints of one step, the one to show: the live branch's (a step trained again
+// after a rollback is checkpointed again), then a disk one over the memory tier's, then the
+// newer. One the API has not listed yet was just written: on the live branch.
+const abandoned = (c) => c.branch === "abandoned";
+function better(a, b) {
+  if (abandoned(a) !== abandoned(b)) return !abandoned(a);
+  const onDisk = (c) => (c.tier || "disk") === "disk";
+  if (onDisk(a) !== onDisk(b)) return onDisk(a);
+  return a.seq > b.seq;
+}
+
+// the rollback list: one checkpoint per step, the live branch newest first and then the
+// abandoned one (shown as the run's history even once the engine deleted it). Retention
+// deletes the oldest first, so a live one the API finds missing but newer than every one on
+// disk is still being written, not gone; an older missing one leaves the list.
 function showCheckpoints() {
-  const newest = new Map(marks.checkpoints.map((c) => [c.step, c]));
-  const all = [...newest.values()].sort((a, b) => a.step - b.step).map(checkpointWithId);
+  const shown = new Map();
+  for (const c of marks.checkpoints.map(checkpointWithId)) {
+    if (!shown.has(c.step) || better(c, shown.get(c.step))) shown.set(c.step, c);
+  }
+  const all = [...shown.values()];
   const lastOnDisk = Math.max(-1, ...all.filter((c) => c.available === true).map((c) => c.step));
-  controls.setCheckpoints(all.filter((c) => c.available !== false || c.step > lastOnDisk));
+  const kept = all.filter((c) => c.available !== false || abandoned(c) || c.step > lastOnDisk);
+  controls.setCheckpoints(kept.sort((a, b) => abandoned(a) - abandoned(b) || b.step - a.step));
 }
 
 // -- progress ------------------------------------------------------------------------------
@@ -101,7 +119,7 @@ async function loadDetail() {
 
 // A rollback's note names its checkpoint by the API's id; a person knows it by its step.
 function withSteps(message) {
-  const steps = new Map([...checkpointIds.values()].map((c) => [String(c.id), c.step]));
+  const steps = new Map([...checkpointRows.values()].map((c) => [String(c.id), c.step]));
   return message.replace(/checkpoint (\d+)/g, (text, id) =>
     (steps.has(id) ? `checkpoint of step ${steps.get(id)}` : text));
 }
@@ -117,7 +135,7 @@ function showHistory() {
 async function loadCheckpoints() {
   const { ok, data } = await api(`/api/jobs/${jobId}/checkpoints/`);
   if (!ok) return;
-  checkpointIds = new Map(rows(data).map((c) => [c.step, c]));
+  checkpointRows = new Map(rows(data).map((c) => [c.seq, c]));
   showCheckpoints();
   showHistory();
 }
@@ -161,6 +179,7 @@ function onStep(event) {
   rate.push([event.time, event.step]);
   if (rate.length > 30) rate.shift();
   showProgress();
+  controls.stepped();
   // how many steps arrived live (after the snapshot): what the browser tests look for
   root.dataset.liveSteps = Number(root.dataset.liveSteps ?? 0) + 1;
 }
@@ -170,11 +189,12 @@ function onMark(kind, event, live = true) {
   const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
-  charts.redrawMarkers();
+  if (live) charts.redrawMarkers(); // the snapshot's are drawn with its series, once
   if (kind === "action" && live) {
     if (event.command) showCommands(); else controls.acknowledge(event);
-    // a rollback replaced steps: the stored series now hold the values trained again
-    if (event.action === "rollback") charts.refetch();
+    // a rollback replaced steps: the stored series now hold the values trained again, and
+    // the checkpoints past its target are the abandoned branch
+    if (event.action === "rollback") { charts.refetch(); loadCheckpoints(); }
   }
   if (kind === "checkpoint") {
     showCheckpoints();
@@ -183,6 +203,7 @@ function onMark(kind, event, live = true) {
 }
 
 function onSnapshot(message) {
+  performance.mark("snapshot-received"); // where a page load's time goes (test_large_run.py)
   for (const key of Object.keys(marks)) marks[key] = [];
   $("feed").replaceChildren(el("li", { class: "empty muted" }, "No anomaly or action yet."));
   for (const e of message.anomalies ?? []) onMark("anomaly", e, false);
@@ -202,6 +223,7 @@ function onSnapshot(message) {
   showCheckpoints();
   loadCheckpoints();
   showCommands();
+  performance.mark("snapshot-shown");
 }
 
 function onMessage(message) {
