@@ -2,7 +2,13 @@
 
 from django.conf import settings
 from django.test import Client
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
+
+from engine.runtime.spec import parse_spec
+from jobs.models import Job
+from jobs.tasks import dispatch
+
+ENGINE_START_MS = 120_000  # an engine launch on two busy cores
 
 
 def log_in(page: Page, live_server_url: str, user) -> None:
@@ -13,3 +19,19 @@ def log_in(page: Page, live_server_url: str, user) -> None:
     cookie = client.cookies[settings.SESSION_COOKIE_NAME]
     page.context.add_cookies([{"name": cookie.key, "value": cookie.value,
                                "url": live_server_url}])
+
+
+def open_running_job(page: Page, live_server_url: str, user, name: str, steps: int) -> Job:
+    """Launch a nano job on 1x2 ranks through the worker, open its page as `user` and wait
+    until the page says it runs."""
+    spec = parse_spec({"name": name, "model": {"preset": "nano"},
+                       "parallel": {"nodes": 1, "procs_per_node": 2},
+                       "train": {"steps": steps, "micro_batch": 2, "seq_len": 32,
+                                 "eval_every": 0, "threads": 1},
+                       "checkpoint": {"every": 0}}).to_dict()
+    job = Job.objects.create(name=name, owner=user, spec=spec)
+    dispatch(job)
+    log_in(page, live_server_url, user)
+    page.goto(f"{live_server_url}/jobs/{job.pk}/")
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
+    return job

@@ -13,11 +13,10 @@ from django.db.models import Max
 from playwright.sync_api import Page, expect
 
 from monitor.models import Event, OpsSample
-from tests.e2e.session import log_in
+from tests.e2e.session import ENGINE_START_MS, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ENGINE_START_S = 120_000  # ms: an engine (re)launch on two busy cores
 STEPS = 36
 SPEC = {"name": "reload-e2e", "model": {"preset": "tiny"},
         "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNG"},
@@ -57,7 +56,7 @@ def steer(api, job_id: int, kind: str, body: dict | None = None) -> None:
 
 def wait_for_step(page: Page, step: int) -> None:
     page.wait_for_function("s => Number(document.getElementById('step').textContent) >= s",
-                           arg=step, timeout=ENGINE_START_S)
+                           arg=step, timeout=ENGINE_START_MS)
 
 
 def first_difference(live, reloaded) -> str:
@@ -126,25 +125,25 @@ def test_a_reloaded_job_page_shows_what_the_live_one_showed_and_the_op_stack_add
     expect(page.locator("#chart-loss")).to_contain_text("waiting for the first step")
     page.screenshot(path=output_dir / "0-waiting.png", full_page=True)
 
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     wait_for_step(page, 12)
     steer(api, job_id, "rollback", {"step": 10, "skip_data": True})
     expect(page.locator("#feed li[data-kind=rollback]")).to_have_count(1, timeout=60_000)
     wait_for_step(page, 14)
     steer(api, job_id, "reshard", {"strategy": "GGG", "nodes": 1, "procs_per_node": 2})
     expect(page.locator("#feed li[data-kind=reshard]")).to_have_count(1, timeout=60_000)
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     wait_for_step(page, 20)
     steer(api, job_id, "pause")
-    expect(page.locator("#state")).to_have_text("paused", timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("paused", timeout=ENGINE_START_MS)
     # mid-run: a page opened on the paused job equals the one that watched
     paused = settled_view(page, job_id)
     assert not differences(paused, opened_now(page, url, job_id, 3))
 
     steer(api, job_id, "resume")
     # the injected crash restarts the ranks from the newest checkpoint
-    expect(page.locator("#feed li[data-kind=restart]")).to_have_count(1, timeout=ENGINE_START_S)
-    expect(page.locator("#state")).to_have_text("completed", timeout=3 * ENGINE_START_S)
+    expect(page.locator("#feed li[data-kind=restart]")).to_have_count(1, timeout=ENGINE_START_MS)
+    expect(page.locator("#state")).to_have_text("completed", timeout=3 * ENGINE_START_MS)
     expect(page.locator("#results li")).to_have_count(4)
     live = settled_view(page, job_id)
     page.screenshot(path=output_dir / "1-live.png", full_page=True)

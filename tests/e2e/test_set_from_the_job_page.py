@@ -7,28 +7,14 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from engine.runtime.spec import parse_spec
-from jobs.models import Job
-from jobs.tasks import dispatch
-from tests.e2e.session import log_in
+from tests.e2e.session import open_running_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ENGINE_START_S = 120_000  # ms: an engine launch on two busy cores
 
 
 def test_set_the_learning_rate_of_a_running_job_from_its_page(
         page: Page, live_server_url, celery_worker, user, output_dir):
-    spec = parse_spec({"name": "set-e2e", "model": {"preset": "nano"},
-                       "parallel": {"nodes": 1, "procs_per_node": 2},
-                       "train": {"steps": 2000, "micro_batch": 2, "seq_len": 32,
-                                 "eval_every": 0, "threads": 1},
-                       "checkpoint": {"every": 0}}).to_dict()
-    job = Job.objects.create(name="set-e2e", owner=user, spec=spec)
-    dispatch(job)
-    log_in(page, live_server_url, user)
-    page.goto(f"{live_server_url}/jobs/{job.pk}/")
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    open_running_job(page, live_server_url, user, "set-e2e", steps=2000)
 
     page.click("#set")
     page.locator("#set-key").select_option("train.lr")

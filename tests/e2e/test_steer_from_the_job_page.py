@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.e2e.session import ENGINE_START_MS
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SPIKE_STEP, SLOW_RANK, SLOW_FROM = 12, 3, 14
-ENGINE_START_S = 120_000  # ms: an engine (re)launch on two busy cores, ranks and all
 
 
 def log_in(page: Page, url: str) -> None:
@@ -99,7 +100,7 @@ def record_resume(page: Page) -> None:
 
 def watch_the_spike_and_the_straggler(page: Page, output_dir: Path) -> None:
     """The loss chart fills live; the spike gets its anomaly marker on the curve."""
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     expect(page.locator("#job")).to_have_attribute("data-live-steps", re.compile(r"^\d\d+$"),
                                                    timeout=60_000)
     page.wait_for_function(
@@ -189,7 +190,7 @@ def resume_and_see_the_engine_run_again(page: Page, output_dir: Path) -> None:
     resume = command_result(page, "resume")
     expect(resume).to_have_attribute("data-state", "waiting")
     expect(resume).to_contain_text("waiting for the engine")
-    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    expect(resume).to_have_attribute("data-state", "done", timeout=ENGINE_START_MS)
     done = next(r for r in page.evaluate("window.resumes") if r["state"] == "done")
     assert done["job"] == "running" and done["steps"] > steps_before, done
     expect(page.locator("#state")).to_have_text("running")
@@ -214,7 +215,7 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     target = roll_back_to_a_checkpoint_picked_on_the_chart(page, output_dir)
 
     # pause: checkpoint and stop
-    expect(page.locator("#pause")).to_be_enabled(timeout=ENGINE_START_S)
+    expect(page.locator("#pause")).to_be_enabled(timeout=ENGINE_START_MS)
     page.click("#pause")
     expect(command_result(page, "pause")).to_have_attribute("data-state", "done", timeout=60_000)
     expect(page.locator("#state")).to_have_text("paused", timeout=60_000)
@@ -237,9 +238,9 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     expect(page.locator("#reshard-picked")).to_contain_text("NIG:")
     page.click("#reshard-go")
     reshard = command_result(page, "reshard")
-    expect(reshard).to_have_attribute("data-state", "done", timeout=ENGINE_START_S)
+    expect(reshard).to_have_attribute("data-state", "done", timeout=ENGINE_START_MS)
     expect(reshard).to_contain_text("NIG")
-    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_S)
+    expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     page.screenshot(path=output_dir / "6-resharded.png", full_page=True)
 
     # cancel: the ranks stop and the page says so
