@@ -54,10 +54,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from engine.contract import STRATEGIES
 from engine.horing.cost import Links, Tier, calibrate
 from engine.horing.topology import Topology
 from engine.moe import MoEConfig, MoEModel, preset
-from engine.paro import STRATEGY_NAMES, ShardedDataParallel
+from engine.paro import ShardedDataParallel
 from engine.paro.planner import plan
 
 GRAD_ACCUM, MICRO_BATCH, SEQ_LEN = 4, 1, 64
@@ -304,7 +305,7 @@ def report(measured: dict, topo: Topology, args: argparse.Namespace, where: dict
         **{k: Tier(v["latency_s"], v["bandwidth_Bps"]) for k, v in measured["links"].items()}
     )
     ddp_bytes = rows["ddp_default"]["model_state_bytes"]
-    paro = [n for n in rows if n in STRATEGY_NAMES]
+    paro = [n for n in rows if n in STRATEGIES]
     default = [f"{k}_default" for k in BASELINES]
     tuned = [f"{k}_tuned" for k in BASELINES]
 
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=2, help="turns every configuration takes")
     parser.add_argument("--collective", default="native", choices=("native", "hier", "horing"))
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGY_NAMES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     parser.add_argument("--localhost", action="store_true", help="plain gloo, no emulation")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

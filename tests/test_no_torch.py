@@ -37,11 +37,11 @@ import ringside.asgi, ringside.urls, ringside.celery, jobs.api, jobs.tasks, moni
 # what the launch form asks of a web process: validate a spec, plan its layouts
 from engine.horing.topology import Topology
 from engine.moe.config import preset
-from engine.paro.planner import plan
+from engine.paro.planner import DEFAULT_LINKS, plan
 from engine.runtime.spec import parse_spec
 parse_spec({"name": "n", "model": {"preset": "small"}, "parallel": {"nodes": 2,
             "procs_per_node": 2, "strategy": "IIG"}})
-assert plan(preset("small"), Topology(2, 2), 80e9, 1, jobs.api.PLAN_LINKS)
+assert plan(preset("small"), Topology(2, 2), 80e9, 1, DEFAULT_LINKS)
 print(json.dumps({"torch": "torch" in sys.modules, "chain": FirstTorchImport.chain}))
 """
 

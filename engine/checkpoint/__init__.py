@@ -29,5 +29,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
                "inspect", "list_checkpoints", "pin", "remove", "unpin"),
     "reader": ("CheckpointReader", "Restored", "Wants", "load", "load_into", "open_checkpoint",
                "read_extras", "restore"),
-    "writer": ("Checkpointer", "ShardedState", "default_memory_dir"),
+    "writer": ("Checkpointer", "ShardedState"),
 })

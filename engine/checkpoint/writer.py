@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
+from engine import contract
 from engine.checkpoint.layout import (
     FORMAT_VERSION,
     MANIFEST,
@@ -42,7 +43,6 @@ from engine.checkpoint.layout import (
     step_dir_name,
     write_atomic,
 )
-from engine.contract import memory_dir as default_memory_dir  # engine.checkpoint exports it
 
 if TYPE_CHECKING:
     from engine.checkpoint.reader import CheckpointReader
@@ -80,7 +80,7 @@ class Checkpointer:
     """Saves this rank's shards of a sharded state; one per rank, created on every rank.
 
     directory: the disk tier (`checkpoint.dir`). memory_dir: the memory tier, "auto" for
-    `default_memory_dir(directory)`, None to have none. keep / memory_keep: how many newest
+    `engine.contract.memory_dir(directory)`, None to have none. keep / memory_keep: how many newest
     good checkpoints each tier keeps besides pinned ones. every / memory_every: the schedule
     `due()` reads (`checkpoint.every` and `checkpoint.memory_every`; 0 = never). meta: JSON
     facts stored in every manifest (strategy, nodes, procs_per_node...). run_id: a string
@@ -116,7 +116,7 @@ class Checkpointer:
             if value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
         self.directory = Path(directory)
-        self.memory_dir = default_memory_dir(directory) if memory_dir == "auto" else memory_dir
+        self.memory_dir = contract.memory_dir(directory) if memory_dir == "auto" else memory_dir
         self.memory_dir = Path(self.memory_dir) if self.memory_dir is not None else None
         self.rank, self.world_size = rank, world_size
         self.keep, self.memory_keep = keep, memory_keep
@@ -144,7 +144,7 @@ class Checkpointer:
         schedule on a checkpointer without the memory tier opens the default one."""
         self.every, self.keep, self.memory_every = every, keep, memory_every
         if memory_every > 0 and self.memory_dir is None:
-            self.memory_dir = default_memory_dir(self.directory)
+            self.memory_dir = contract.memory_dir(self.directory)
 
     def due(self, step: int) -> str | None:
         """"disk", "memory" or None: which save the schedule asks for at `step`."""

@@ -36,5 +36,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "layout": ("ShardLayout",),
     "planner": ("PlanRow", "plan"),
     "sharded": ("ShardedDataParallel",),
-    "strategy": ("STRATEGY_NAMES", "Strategy", "parse_strategy"),
+    "strategy": ("Strategy", "parse_strategy"),
 })

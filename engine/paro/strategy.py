@@ -15,7 +15,6 @@ Level = Literal["N", "I", "G"]
 
 # The ten effective strategies (engine.contract.STRATEGIES); the other 17 of the 27
 # combinations are rejected. The old name stays for its callers outside the engine.
-STRATEGY_NAMES = STRATEGIES
 
 
 @dataclass(frozen=True)

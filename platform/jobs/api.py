@@ -80,10 +80,6 @@ from jobs.steering import audit, issue
 from monitor.api import SERIES, MetricsQuery, metrics_payload
 from monitor.models import Action, Anomaly, Checkpoint
 
-# Links the planner prices collectives with: engine.paro.planner's defaults (800 Gbit/s and
-# 5 us within a node, 100 Gbit/s and 20 us between nodes)
-PLAN_LINKS = DEFAULT_LINKS
-
 
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
@@ -430,7 +426,7 @@ class PlanView(APIView):
         query = PlanQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         spec, budget = query.validated_data["spec"], query.validated_data["memory_budget_gb"] * 1e9
-        rows, compute = calibration.predict(spec, budget, PLAN_LINKS)
+        rows, compute = calibration.predict(spec, budget, DEFAULT_LINKS)
         t = spec.train
         tokens = t.micro_batch * t.seq_len * t.grad_accum * spec.parallel.world_size
         known = compute.time_s is not None

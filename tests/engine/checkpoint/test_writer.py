@@ -17,7 +17,6 @@ import engine.checkpoint.writer as writer
 from engine.checkpoint import (
     Checkpointer,
     CheckpointError,
-    default_memory_dir,
     list_checkpoints,
     load,
     open_checkpoint,
@@ -25,6 +24,7 @@ from engine.checkpoint import (
     read_extras,
     unpin,
 )
+from engine.contract import memory_dir
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[3]
@@ -182,8 +182,8 @@ def test_the_schedule_says_which_tier_is_due(tmp_path):
     with pytest.raises(CheckpointError, match="to_disk=False needs a memory tier"):
         disk_only.save(5, state(1), to_disk=False)
     disk_only.close()
-    assert str(default_memory_dir(tmp_path)).startswith("/dev/shm/ringside-ckpt-")
-    assert default_memory_dir(tmp_path) == default_memory_dir(str(tmp_path) + "/")
+    assert str(memory_dir(tmp_path)).startswith("/dev/shm/ringside-ckpt-")
+    assert memory_dir(tmp_path) == memory_dir(str(tmp_path) + "/")
 
 
 def test_bad_input_is_named(tmp_path):

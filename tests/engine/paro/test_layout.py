@@ -2,11 +2,12 @@
 
 import pytest
 
-from engine.paro import STRATEGY_NAMES, ShardLayout, parse_strategy
+from engine.contract import STRATEGIES
+from engine.paro import ShardLayout, parse_strategy
 
 
 def test_the_ten_strategies_parse_into_their_levels():
-    assert len(STRATEGY_NAMES) == 10
+    assert len(STRATEGIES) == 10
     s = parse_strategy("IIG")
     assert (s.params, s.grads, s.optim, s.name) == ("I", "I", "G", "IIG")
 

@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from engine.contract import STRATEGIES
 from engine.horing.topology import Topology
-from engine.paro import STRATEGY_NAMES, ShardedDataParallel, parse_strategy
+from engine.paro import ShardedDataParallel, parse_strategy
 from engine.ports import free_port
 from tests.engine.ranks import run_ranks
 
@@ -92,7 +93,7 @@ def train_every_strategy(nodes: int) -> dict:
     records = {}
     previous_state = None
     for accum in ACCUMS:
-        for name in STRATEGY_NAMES:
+        for name in STRATEGIES:
             torch.manual_seed(0)
             dp = ShardedDataParallel(TinyLM(), topo, name, lr=LR, grad_accum=accum)
             losses, norms = [], []
@@ -169,7 +170,7 @@ def world(request) -> dict:
 def test_every_strategy_matches_a_single_process_reference(world):
     for accum in ACCUMS:
         ref = reference(world["size"], accum)
-        for name in STRATEGY_NAMES:
+        for name in STRATEGIES:
             for rank, records in enumerate(world["ranks"]):
                 got = records[name, accum]
                 where = f"{name} grad_accum={accum} rank {rank}"
@@ -206,7 +207,7 @@ def test_state_bytes_follow_the_memory_formula(world):
     multiple of N."""
     g, n = world["per_node"], world["size"]
     share = {"N": 1, "I": g, "G": n}
-    for name in STRATEGY_NAMES:
+    for name in STRATEGIES:
         s = parse_strategy(name)
         for records in world["ranks"]:
             got = records[name, 1]
@@ -255,7 +256,7 @@ def test_communication_follows_the_schedule_table(world):
 
 def test_sharded_state_tiles_the_buffer_and_reshards_into_every_strategy(world):
     records = world["ranks"]
-    order = [(name, accum) for accum in ACCUMS for name in STRATEGY_NAMES]
+    order = [(name, accum) for accum in ACCUMS for name in STRATEGIES]
     for before, after in zip(order, order[1:], strict=False):
         saved = assemble(records[0][before]["pieces"])
         assert not any(t.isnan().any() for t in saved.values()), f"{before}: pieces leave gaps"
