@@ -26,6 +26,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -83,11 +84,16 @@ class Processes:
         return proc
 
     def worker(self, name: str, concurrency: int = 2) -> subprocess.Popen:
-        """A Celery worker on the queue CELERY_QUEUE of `env`."""
-        return self.start(name, python_module(
-            "celery", "-A", "ringside", "worker", "--loglevel", "INFO",
-            "--queues", self.env["CELERY_QUEUE"], "--concurrency", str(concurrency),
-            "--without-mingle", "--without-gossip", "--hostname", f"{name}-{os.getpid()}@%h"))
+        """A worker host (`manage.py worker`) named `<name>-<pid>`, on the queue CELERY_QUEUE
+        of `env` and its own host queue."""
+        env = {**self.env, "RINGSIDE_HOST_NAME": self.host_name(name),
+               "WORKER_CONCURRENCY": str(concurrency)}
+        return self.start(name, [sys.executable, str(REPO_ROOT / "manage.py"), "worker",
+                                 "--loglevel", "INFO"], env)
+
+    @staticmethod
+    def host_name(name: str) -> str:
+        return f"{name}-{os.getpid()}"
 
     def beat(self) -> subprocess.Popen:
         """Celery beat, which sends the reaper every JOB_REAPER_INTERVAL_S."""
@@ -142,6 +148,18 @@ def supervising(job_id: int, workers: list[subprocess.Popen]) -> subprocess.Pope
     return None
 
 
+def submit(job_id: int) -> None:
+    """Queue the job as the API does: placement puts it on one of the up worker hosts and its
+    supervisor task goes to that host's queue."""
+    from django.db import transaction
+
+    from jobs.dispatch import dispatch
+    from jobs.models import Job
+
+    with transaction.atomic():
+        dispatch(Job.objects.get(pk=job_id))
+
+
 def trained_past_a_checkpoint(job_id: int, checkpoint_every: int) -> bool:
     """Stored a disk checkpoint and some steps after it, so a resume trains steps again."""
     from jobs.models import Job
@@ -164,12 +182,11 @@ def trial(index: int, owner: Any, workers: list[subprocess.Popen],
           processes: Processes) -> tuple[dict[str, Any], subprocess.Popen]:
     """One loss; returns its figures and the worker that was lost."""
     from jobs.models import Cause, Job, State
-    from jobs.tasks import run_job
     from monitor.models import Event
 
     job = Job.objects.create(name=f"worker-loss-{index}", owner=owner,
                              spec=steady_spec(f"worker-loss-{index}", STEPS, CHECKPOINT_EVERY))
-    run_job.delay(job.pk)
+    submit(job.pk)
     doomed = wait_until(lambda: supervising(job.pk, workers), 120,
                         f"no worker started job {job.pk}; {processes.logs()}")
     wait_until(lambda: trained_past_a_checkpoint(job.pk, CHECKPOINT_EVERY), 120,

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import re
 import tempfile
 import types
 import typing
@@ -54,6 +55,8 @@ class JobState(StrEnum):
     PAUSED = "paused"
     # the ranks idle in memory, the worker held (the engine's `state` event: paused, mode warm)
     PAUSED_WARM = "paused_warm"
+    # it lost hosts and fewer than `parallel.min_hosts` remain: it resumes when capacity returns
+    WAITING_FOR_HOSTS = "waiting_for_hosts"
     ROLLING_BACK = "rolling_back"
     RESHARDING = "resharding"
     COMPLETING = "completing"
@@ -353,6 +356,19 @@ class CheckpointEvent(Event):
 
 
 @dataclass(kw_only=True)
+class MembershipEvent(Event):
+    """The set of hosts a multi-host job runs on changed: a host was lost, drained or came
+    back. Published by the platform, which owns placement; the next incarnation of the ranks
+    runs on `hosts_after` with `world_size` ranks, resharded from the newest checkpoint."""
+
+    type: ClassVar[str] = "membership"
+    hosts_before: list
+    hosts_after: list
+    world_size: int
+    reason: str
+
+
+@dataclass(kw_only=True)
 class LogEvent(Event):
     type: ClassVar[str] = "log"
     level: str
@@ -361,7 +377,8 @@ class LogEvent(Event):
 
 EVENT_CLASSES: dict[str, type[Event]] = {
     cls.type: cls for cls in (StateEvent, StepEvent, OpsEvent, ExpertsEvent, AnomalyEvent,
-                              ActionEvent, CheckpointEvent, LogEvent)
+                              ActionEvent, CheckpointEvent, MembershipEvent,
+                              LogEvent)
 }
 EVENT_TYPES = tuple(EVENT_CLASSES)
 
@@ -392,18 +409,31 @@ def control_stream(job: str) -> str:
 
 # -- checkpoints ---------------------------------------------------------------------------
 
-def checkpoint_dir(configured: str, run_dir: Path) -> Path:
-    """Where a run keeps its disk checkpoints: `checkpoint.dir`, else `<run dir>/checkpoints`."""
-    return Path(configured) if configured else run_dir / "checkpoints"
+def is_url(location: str | Path) -> bool:
+    """Whether a checkpoint location is a URL (`s3://bucket/prefix`) rather than a local path.
+    A URL stays a str here (this module is stdlib-only); engine.checkpoint.store reads it."""
+    found = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]+)://", str(location))
+    return found is not None and found.group(1).lower() != "file"
+
+
+def checkpoint_dir(configured: str, run_dir: Path) -> Path | str:
+    """Where a run keeps its disk checkpoints: `checkpoint.dir` (a path, or a URL such as
+    `s3://bucket/prefix`, returned as the str it is), else `<run dir>/checkpoints`."""
+    if not configured:
+        return run_dir / "checkpoints"
+    return configured if is_url(configured) else Path(configured.removeprefix("file://"))
 
 
 def memory_dir(directory: str | Path) -> Path:
-    """The memory-tier folder of a checkpoint directory: the same on every restart."""
-    key = hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+    """The memory-tier folder of a checkpoint directory: the same on every restart. It is
+    always local (RAM on this host), also for a URL, whose folder is keyed by the URL."""
+    text = str(directory)
+    key = hashlib.sha1((text if is_url(text) else str(Path(text).resolve())).encode())
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return root / f"ringside-ckpt-{key}"
+    return root / f"ringside-ckpt-{key.hexdigest()[:16]}"
 
 
-def checkpoint_tiers(directory: str | Path) -> list[Path]:
-    """Where a run's checkpoints may be, fastest first: the memory tier, then the disk."""
-    return [memory_dir(directory), Path(directory)]
+def checkpoint_tiers(directory: str | Path) -> list[Path | str]:
+    """Where a run's checkpoints may be, fastest first: the memory tier, then the disk (or the
+    object store)."""
+    return [memory_dir(directory), directory if is_url(directory) else Path(directory)]

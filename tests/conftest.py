@@ -20,6 +20,7 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
     other_user,
     platform_redis_url,
     service_env,
+    session_worker_host_drained,
     small_spec,
     user,
 )

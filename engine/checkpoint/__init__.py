@@ -26,7 +26,7 @@ from engine.lazy import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     # torch-free: the platform's supervisor finds checkpoints without loading torch
     "layout": ("CheckpointError", "CheckpointInfo", "CorruptCheckpoint", "find_latest_good",
-               "inspect", "list_checkpoints", "pin", "remove", "unpin"),
+               "inspect", "list_checkpoints", "pin", "present", "remove", "unpin"),
     "reader": ("CheckpointReader", "Restored", "Wants", "load", "load_into", "open_checkpoint",
                "read_extras", "restore"),
     "writer": ("Checkpointer", "ShardedState"),

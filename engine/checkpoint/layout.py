@@ -8,12 +8,14 @@ A checkpoint directory holds one folder per saved step:
       MANIFEST.json               written last, by whichever rank finishes last
       PINNED                      present when a person pinned the checkpoint
 
-The manifest is what makes a checkpoint exist: every file is written under a temporary name,
-fsynced and renamed before it, so a crash at any point leaves either the previous manifest
-(and the previous files it names, which are never overwritten because file names carry the
-save id) or the new one. Each data file carries a CRC-32 per 4 MiB block, so a reader can
-check exactly the bytes it reads without reading whole files (zlib.crc32 runs at ~6 GB/s
-here, against ~2 GB/s for sha256).
+The manifest is what makes a checkpoint exist: every file is written whole before it (see
+`store.write`: locally under a temporary name, fsynced and renamed; in an object store by one
+upload, no rename needed), so a crash at any point leaves either the previous manifest (and
+the previous files it names, which are never overwritten because file names carry the save
+id) or the new one. The directory may be a local folder or an `s3://bucket/prefix` URL
+(`store`); everything here goes through `store`. Each data file carries a CRC-32 per 4 MiB
+block, so a reader can check exactly the bytes it reads without reading whole files
+(zlib.crc32 runs at ~6 GB/s here, against ~2 GB/s for sha256).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from engine.checkpoint import store
+from engine.checkpoint.store import Location, Url
 
 FORMAT_VERSION = 1
 BLOCK_BYTES = 4 << 20
@@ -58,30 +61,11 @@ def block_crcs(data: memoryview) -> list[int]:
     return [zlib.crc32(data[i : i + BLOCK_BYTES]) for i in range(0, len(data), BLOCK_BYTES)]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, chunks: list[memoryview | bytes], tmp_tag: str) -> None:
-    """Write `chunks` to `path` so that `path` is either absent/old or complete and durable."""
-    tmp = path.with_name(f".{path.name}.{tmp_tag}.tmp")
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass
 class CheckpointInfo:
-    """One checkpoint folder as found on disk (or in the memory tier)."""
+    """One checkpoint folder as found on disk, in an object store or in the memory tier."""
 
-    path: Path
+    path: Location
     step: int
     good: bool
     problem: str = ""  # why it is not good
@@ -104,7 +88,7 @@ class CheckpointInfo:
         }
 
 
-def inspect(path: str | os.PathLike[str], verify: bool = False) -> CheckpointInfo:
+def inspect(path: str | os.PathLike[str] | Url, verify: bool = False) -> CheckpointInfo:
     """Read one checkpoint folder's manifest and check its files.
 
     The quick check (always) needs a readable manifest and every data file present with its
@@ -112,12 +96,15 @@ def inspect(path: str | os.PathLike[str], verify: bool = False) -> CheckpointInf
     also reads every byte and compares the block checksums (finds flipped bytes up front; the
     loader checks the blocks it reads in any case).
     """
-    path = Path(path)
+    path = store.location(path)
     match = _STEP_DIR.match(path.name)
     info = CheckpointInfo(path=path, step=int(match.group(1)) if match else -1, good=False)
-    info.pinned = (path / PINNED).exists()
+    files = store.sizes(path)  # one listing: on an object store, one request
+    info.pinned = PINNED in files
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        if MANIFEST not in files:
+            raise FileNotFoundError(MANIFEST)
+        manifest = json.loads(store.read(path / MANIFEST))
         if manifest.get("format") != FORMAT_VERSION:
             info.problem = f"manifest format {manifest.get('format')!r}, expected {FORMAT_VERSION}"
             return info
@@ -132,7 +119,7 @@ def inspect(path: str | os.PathLike[str], verify: bool = False) -> CheckpointInf
         return info
     info.manifest = manifest
     for part in manifest["parts"]:
-        problem = _check_data_file(path / part["file"], part, verify)
+        problem = _check_data_file(path / part["file"], files.get(part["file"]), part, verify)
         if problem:
             info.problem = problem
             return info
@@ -140,35 +127,34 @@ def inspect(path: str | os.PathLike[str], verify: bool = False) -> CheckpointInf
     return info
 
 
-def _check_data_file(file: Path, part: dict[str, Any], verify: bool) -> str:
-    try:
-        size = file.stat().st_size
-    except FileNotFoundError:
+def _check_data_file(file: Location, size: int | None, part: dict[str, Any],
+                     verify: bool) -> str:
+    if size is None:
         return f"missing file {file.name}"
     if size != part["nbytes"]:
         return f"{file.name} has {size} bytes, the manifest says {part['nbytes']} (truncated)"
     if not verify:
         return ""
-    with open(file, "rb") as f:
-        for i, expected in enumerate(part["crc32"]):
-            if zlib.crc32(f.read(BLOCK_BYTES)) != expected:
-                return f"{file.name} block {i} fails its checksum (bytes altered)"
+    for i, expected in enumerate(part["crc32"]):
+        block = store.read(file, i * BLOCK_BYTES, min(size, (i + 1) * BLOCK_BYTES))
+        if zlib.crc32(block) != expected:
+            return f"{file.name} block {i} fails its checksum (bytes altered)"
     return ""
 
 
 def list_checkpoints(
-    directory: str | os.PathLike[str], verify: bool = False
+    directory: str | os.PathLike[str] | Url, verify: bool = False
 ) -> list[CheckpointInfo]:
-    """Every step folder in `directory`, oldest first, each with whether it is good."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [inspect(p, verify) for p in directory.iterdir() if _STEP_DIR.match(p.name)]
+    """Every step folder in `directory`, oldest first, each with whether it is good. A step
+    folder without its manifest (a save in progress, or one that crashed) is listed as not
+    good; on an object store such a "folder" is just the keys uploaded so far."""
+    found = [inspect(p, verify) for p in store.children(store.location(directory))
+             if _STEP_DIR.match(p.name)]
     return sorted(found, key=lambda info: info.step)
 
 
 def find_latest_good(
-    *directories: str | os.PathLike[str], verify: bool = False
+    *directories: str | os.PathLike[str] | Url, verify: bool = False
 ) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
     """The newest good checkpoint across `directories` and the bad ones newer than it.
 
@@ -188,26 +174,32 @@ def find_latest_good(
     return None, skipped
 
 
-def pin(checkpoint: str | os.PathLike[str]) -> None:
+def present(checkpoint: str | os.PathLike[str] | Url) -> bool:
+    """Whether a checkpoint (a step folder, local or a URL) still exists: its manifest is
+    there. One request on an object store; `inspect` also checks every file."""
+    return store.exists(store.location(checkpoint) / MANIFEST)
+
+
+def pin(checkpoint: str | os.PathLike[str] | Url) -> None:
     """Keep this checkpoint regardless of retention until unpinned."""
-    path = Path(checkpoint)
-    if not (path / MANIFEST).exists():
+    path = store.location(checkpoint)
+    if not store.exists(path / MANIFEST):
         raise CheckpointError(f"cannot pin {path}: no checkpoint there (no {MANIFEST})")
-    (path / PINNED).touch()
+    store.write(path / PINNED, [b""], "pin")
 
 
-def unpin(checkpoint: str | os.PathLike[str]) -> None:
-    Path(checkpoint, PINNED).unlink(missing_ok=True)
+def unpin(checkpoint: str | os.PathLike[str] | Url) -> None:
+    store.delete(store.location(checkpoint) / PINNED)
 
 
-def remove(checkpoint: str | os.PathLike[str]) -> None:
+def remove(checkpoint: str | os.PathLike[str] | Url) -> None:
     """Delete a checkpoint folder, manifest first so that it stops existing atomically."""
-    path = Path(checkpoint)
-    (path / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    path = store.location(checkpoint)
+    store.delete(path / MANIFEST)
+    store.delete_tree(path)
 
 
-def apply_retention(directory: str | os.PathLike[str], keep: int, newest_step: int) -> None:
+def apply_retention(directory: str | os.PathLike[str] | Url, keep: int, newest_step: int) -> None:
     """Keep the `keep` newest good checkpoints plus pinned ones; drop leftovers of failed saves.
 
     Only folders older than `newest_step` (the one just committed) are candidates, so saves
@@ -221,7 +213,7 @@ def apply_retention(directory: str | os.PathLike[str], keep: int, newest_step: i
             remove(info.path)
 
 
-def abandon_newer(directory: str | os.PathLike[str], step: int) -> list[int]:
+def abandon_newer(directory: str | os.PathLike[str] | Url, step: int) -> list[int]:
     """After a rollback to `step`, later checkpoints hold an abandoned timeline that must never
     be resumed: unpinned ones are deleted, pinned ones move to `abandoned/` (kept for the
     person who pinned them, out of the resume candidates). Returns the steps dropped."""
@@ -233,11 +225,25 @@ def abandon_newer(directory: str | os.PathLike[str], step: int) -> list[int]:
         if not info.pinned:
             remove(info.path)
             continue
-        aside = Path(directory, "abandoned", f"{info.path.name}-{info.manifest.get('save_id')}")
-        aside.parent.mkdir(exist_ok=True)
-        if not aside.exists():
-            try:
-                os.rename(info.path, aside)
-            except FileNotFoundError:  # another rank moved it first
-                pass
+        aside = store.location(directory) / "abandoned"
+        _move(info.path, aside / f"{info.path.name}-{info.manifest.get('save_id')}")
     return dropped
+
+
+def _move(checkpoint: Location, aside: Location) -> None:
+    """Move a checkpoint folder where no resume looks. Locally one rename; an object store has
+    none, so the files are copied, the manifest last, and the original removed manifest first:
+    at every moment each copy either is a whole checkpoint or has no manifest."""
+    if store.exists(aside / MANIFEST):
+        return
+    if isinstance(checkpoint, Url):
+        names = sorted(store.sizes(checkpoint), key=lambda name: name == MANIFEST)
+        for name in names:
+            store.write(aside / name, [store.read(checkpoint / name)], "move")
+        remove(checkpoint)
+        return
+    store.make_folder(aside.parent)
+    try:
+        os.rename(checkpoint, aside)
+    except FileNotFoundError:  # another rank moved it first
+        pass

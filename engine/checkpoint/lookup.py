@@ -7,9 +7,10 @@ import os
 from collections.abc import Iterable
 
 from engine.checkpoint.layout import CheckpointInfo, list_checkpoints
+from engine.checkpoint.store import Url
 
 
-def find(directories: Iterable[str | os.PathLike[str]], *, step: int | None = None,
+def find(directories: Iterable[str | os.PathLike[str] | Url], *, step: int | None = None,
          name: str | None = None) -> CheckpointInfo | None:
     """The good checkpoint named `name` (its step folder's name or path), else the newest one
     at or before `step`; None if none matches. At equal steps the earlier directory wins, so

@@ -3,7 +3,8 @@
 A checkpoint saved under any world size and layout loads into any other: for every wanted
 range of a tensor the reader finds the saved shards that overlap it and reads those bytes
 (whole 4 MiB blocks, whose checksums it checks) from the saved ranks' files, never a whole
-file unless the range spans it.
+file unless the range spans it. Locally a read is a pread; in an object store (an
+`s3://` checkpoint directory) each block is one ranged GET.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import pickle
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from engine.checkpoint import store
 from engine.checkpoint.layout import (
     BLOCK_BYTES,
     MANIFEST,
@@ -29,17 +30,27 @@ from engine.checkpoint.layout import (
     inspect,
     list_checkpoints,
 )
+from engine.checkpoint.store import Url
 from engine.checkpoint.writer import ShardedState
+
+Checkpoint = str | os.PathLike[str] | Url | CheckpointInfo
 
 # name -> [(global element offset, length)]
 Wants = dict[str, list[tuple[int, int]]]
 
 
-def resolve(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointInfo:
-    """A good checkpoint from a step folder, or the newest good one in a checkpoint directory."""
+def is_checkpoint(where: str | os.PathLike[str] | Url) -> bool:
+    """Whether `where` names one checkpoint (a step folder) rather than a folder of them."""
+    where = store.location(where)
+    return where.name.startswith("step-") or store.exists(where / MANIFEST)
+
+
+def resolve(checkpoint: Checkpoint) -> CheckpointInfo:
+    """A good checkpoint from a step folder, or the newest good one in a checkpoint directory
+    (either may be a local path or a URL)."""
     if isinstance(checkpoint, CheckpointInfo):
         info = checkpoint
-    elif Path(checkpoint, MANIFEST).exists() or Path(checkpoint).name.startswith("step-"):
+    elif is_checkpoint(checkpoint):
         info = inspect(checkpoint)
     else:
         info, _ = find_latest_good(checkpoint)
@@ -50,12 +61,12 @@ def resolve(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointIn
     return info
 
 
-def open_checkpoint(checkpoint: str | os.PathLike[str] | CheckpointInfo) -> CheckpointReader:
+def open_checkpoint(checkpoint: Checkpoint) -> CheckpointReader:
     """A reader of one checkpoint (use as a context manager to close its files)."""
     return CheckpointReader(resolve(checkpoint))
 
 
-def load_into(checkpoint: str | os.PathLike[str] | CheckpointInfo, targets: ShardedState) -> None:
+def load_into(checkpoint: Checkpoint, targets: ShardedState) -> None:
     """Fill each target shard in place with its global range of the saved tensor.
 
     `targets` has the shape `save()` takes (name -> (shard, global offset, global length)),
@@ -66,7 +77,7 @@ def load_into(checkpoint: str | os.PathLike[str] | CheckpointInfo, targets: Shar
 
 
 def load(
-    checkpoint: str | os.PathLike[str] | CheckpointInfo, wants: Wants
+    checkpoint: Checkpoint, wants: Wants
 ) -> dict[str, list[torch.Tensor]]:
     """New flat tensors holding the wanted `(global offset, length)` ranges of each tensor."""
     with open_checkpoint(checkpoint) as reader:
@@ -76,7 +87,7 @@ def load(
         }
 
 
-def read_extras(checkpoint: str | os.PathLike[str] | CheckpointInfo, rank: int) -> Any:
+def read_extras(checkpoint: Checkpoint, rank: int) -> Any:
     """The extras object that saved `rank` passed to `save()` (checksum-checked)."""
     with open_checkpoint(checkpoint) as reader:
         return reader.extras(rank)
@@ -100,7 +111,7 @@ class Restored:
 
 
 def restore(
-    directories: list[str | os.PathLike[str]],
+    directories: list[str | os.PathLike[str] | Url],
     targets: ShardedState | Callable[[CheckpointReader], None],
     *,
     group: Any = None,
@@ -180,7 +191,8 @@ class CheckpointReader:
                 self.pieces.setdefault(s["name"], []).append(piece)
         for pieces in self.pieces.values():
             pieces.sort()
-        self.files: dict[int, int] = {}
+        self.files: dict[int, int] = {}  # rank -> open fd (local files)
+        self.bytes_read = 0  # fetched from the files, all ranks (what a ranged load costs)
         self.block = bytearray(BLOCK_BYTES)
         self.cached: tuple[int, int] | None = None  # (rank, block index) held in self.block
 
@@ -290,12 +302,20 @@ class CheckpointReader:
     def _read_block(self, rank: int, index: int, into: memoryview) -> None:
         """Read block `index` of a saved rank's file into `into` and check its checksum."""
         part = self.parts[rank]
-        if rank not in self.files:
-            try:
-                self.files[rank] = os.open(self.info.path / part["file"], os.O_RDONLY)
-            except FileNotFoundError as e:
-                raise CorruptCheckpoint(f"{self._name(rank)} is missing") from e
-        if os.preadv(self.files[rank], [into], index * BLOCK_BYTES) < len(into):
+        start = index * BLOCK_BYTES
+        try:
+            if isinstance(self.info.path, Url):  # one ranged GET of exactly this block
+                got = store.read(self.info.path / part["file"], start, start + len(into))
+                into[: len(got)] = got
+                got = len(got)
+            else:
+                if rank not in self.files:
+                    self.files[rank] = os.open(self.info.path / part["file"], os.O_RDONLY)
+                got = os.preadv(self.files[rank], [into], start)
+        except FileNotFoundError as e:
+            raise CorruptCheckpoint(f"{self._name(rank)} is missing") from e
+        self.bytes_read += got
+        if got < len(into):
             raise CorruptCheckpoint(f"{self._name(rank)} is truncated at block {index}")
         if zlib.crc32(into) != part["crc32"][index]:
             raise CorruptCheckpoint(f"{self._name(rank)} block {index} fails its checksum")

@@ -22,6 +22,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from engine import contract
+from engine.checkpoint import store
 from engine.checkpoint.layout import (
     FORMAT_VERSION,
     MANIFEST,
@@ -38,11 +40,10 @@ from engine.checkpoint.layout import (
     apply_retention,
     block_crcs,
     data_file_name,
-    fsync_dir,
     part_file_name,
     step_dir_name,
-    write_atomic,
 )
+from engine.checkpoint.store import Location, Url
 
 if TYPE_CHECKING:
     from engine.checkpoint.reader import CheckpointReader
@@ -79,7 +80,8 @@ class _Job:
 class Checkpointer:
     """Saves this rank's shards of a sharded state; one per rank, created on every rank.
 
-    directory: the disk tier (`checkpoint.dir`). memory_dir: the memory tier, "auto" for
+    directory: the disk tier (`checkpoint.dir`: a folder, or a URL such as
+    `s3://bucket/prefix`). memory_dir: the memory tier (always a local folder), "auto" for
     `engine.contract.memory_dir(directory)`, None to have none. keep / memory_keep: how many newest
     good checkpoints each tier keeps besides pinned ones. every / memory_every: the schedule
     `due()` reads (`checkpoint.every` and `checkpoint.memory_every`; 0 = never). meta: JSON
@@ -93,7 +95,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | Url,
         *,
         rank: int = 0,
         world_size: int = 1,
@@ -115,9 +117,10 @@ class Checkpointer:
                                    ("every", every, 0), ("memory_every", memory_every, 0)):
             if value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
-        self.directory = Path(directory)
-        self.memory_dir = contract.memory_dir(directory) if memory_dir == "auto" else memory_dir
-        self.memory_dir = Path(self.memory_dir) if self.memory_dir is not None else None
+        self.directory: Location = store.location(directory)
+        if memory_dir == "auto":
+            memory_dir = contract.memory_dir(str(self.directory))
+        self.memory_dir = Path(memory_dir) if memory_dir is not None else None
         self.rank, self.world_size = rank, world_size
         self.keep, self.memory_keep = keep, memory_keep
         self.every, self.memory_every = every, memory_every
@@ -144,7 +147,7 @@ class Checkpointer:
         schedule on a checkpointer without the memory tier opens the default one."""
         self.every, self.keep, self.memory_every = every, keep, memory_every
         if memory_every > 0 and self.memory_dir is None:
-            self.memory_dir = contract.memory_dir(self.directory)
+            self.memory_dir = contract.memory_dir(str(self.directory))
 
     def due(self, step: int) -> str | None:
         """"disk", "memory" or None: which save the schedule asks for at `step`."""
@@ -155,7 +158,7 @@ class Checkpointer:
         return None
 
     @property
-    def tiers(self) -> list[Path]:
+    def tiers(self) -> list[Location]:
         """Where this checkpointer's checkpoints are, fastest first."""
         return [d for d in (self.memory_dir, self.directory) if d is not None]
 
@@ -313,14 +316,14 @@ class Checkpointer:
             tiers.append((self.directory, self.keep))
         for directory, keep in tiers:
             step_dir = directory / step_dir_name(job.step)
-            step_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(step_dir / part["file"], [data], job.save_id)
-            write_atomic(
+            store.make_folder(step_dir)
+            store.write(step_dir / part["file"], [data], job.save_id)
+            store.write(
                 step_dir / part_file_name(job.save_id, self.rank),
                 [json.dumps(part).encode()],
                 job.save_id,
             )
-            fsync_dir(step_dir)
+            store.sync_folder(step_dir)
             if _commit_if_complete(step_dir, job.save_id, self.world_size, self.rank):
                 apply_retention(directory, keep, job.step)
 
@@ -358,15 +361,18 @@ def _plan(tensors: ShardedState) -> tuple[list[dict[str, Any]], int]:
     return shards, offset
 
 
-def _commit_if_complete(step_dir: Path, save_id: str, world_size: int, rank: int) -> bool:
+def _commit_if_complete(step_dir: Location, save_id: str, world_size: int, rank: int) -> bool:
     """Write the manifest if every rank's part of this save is in; True if this rank did.
 
     Whoever sees all parts commits; two ranks committing at once write identical manifests.
+    Each rank lists after its own part is written (and an object store lists what was written
+    before, as S3 does since 2020), so the last rank to finish always sees every part.
     """
-    part_files = sorted(step_dir.glob(f"{save_id}.rank-*.json"))
+    part_files = sorted(p for p in store.children(step_dir)
+                        if fnmatch(p.name, f"{save_id}.rank-*.json"))
     if len(part_files) < world_size:
         return False
-    parts = [json.loads(p.read_text()) for p in part_files]
+    parts = [json.loads(store.read(p)) for p in part_files]
     first = parts[0]
     manifest = {
         "format": FORMAT_VERSION,
@@ -379,11 +385,11 @@ def _commit_if_complete(step_dir: Path, save_id: str, world_size: int, rank: int
         "parts": [{k: p[k] for k in ("rank", "file", "nbytes", "crc32", "shards", "extras")}
                   for p in parts],
     }
-    write_atomic(step_dir / MANIFEST, [json.dumps(manifest).encode()], f"{save_id}.{rank}")
-    fsync_dir(step_dir)
-    for f in step_dir.iterdir():
+    store.write(step_dir / MANIFEST, [json.dumps(manifest).encode()], f"{save_id}.{rank}")
+    store.sync_folder(step_dir)
+    for f in store.children(step_dir):
         if _superseded(f.name, save_id):
-            f.unlink(missing_ok=True)
+            store.delete(f)
     return True
 
 

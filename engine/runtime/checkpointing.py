@@ -3,14 +3,15 @@ the in-process rollback that policy and commands share."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch.distributed as dist
 
 from engine.checkpoint import Checkpointer, CheckpointReader, inspect, restore
-from engine.checkpoint.layout import step_dir_name
+from engine.checkpoint.layout import MANIFEST, step_dir_name
 from engine.checkpoint.lookup import find
+from engine.checkpoint.store import Location, exists, location
 from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
 from engine.paro import ShardedDataParallel
 from engine.runtime.commands import CommandRefused
@@ -26,7 +27,7 @@ class TrainCheckpoints:
         self.ckpt, self.dp, self.state, self.timer, self.emit = ckpt, dp, state, timer, emit
         state.settings.checkpointer = ckpt  # a `set` of checkpoint.* changes its schedule
 
-    def save(self, to_disk: bool = True) -> Path:
+    def save(self, to_disk: bool = True) -> Location:
         shards = self.dp.sharded_state()
         with self.timer.op("checkpoint", kind="host"):  # the blocking part: the copy to host
             blocking_s = self.ckpt.save(self.state.step, shards, to_disk=to_disk)
@@ -60,10 +61,12 @@ class TrainCheckpoints:
         self.dp.load_sharded_state(reader.read)
         self.ckpt.load_parts(reader)
 
-    def resume(self, sources: list[Path]) -> None:
+    def resume(self, sources: list[str | os.PathLike[str]]) -> None:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
-        one checkpoint folder); corrupt ones are skipped, each with an anomaly event."""
-        if len(sources) == 1 and (sources[0] / "MANIFEST.json").exists():
+        one checkpoint folder; local paths or URLs); corrupt ones are skipped, each with an
+        anomaly event."""
+        sources = [location(s) for s in sources]
+        if len(sources) == 1 and exists(sources[0] / MANIFEST):
             with CheckpointReader(inspect(sources[0])) as reader:
                 self.load(reader)
             path = sources[0]

@@ -2,6 +2,8 @@
 
 Without `--bus`, events go to a JSONL file only (default `<run dir>/events.jsonl`); with
 `--bus REDIS_URL --job ID`, rank 0 also publishes them to the job's Redis stream.
+On several hosts, each runs the same command with torchrun's arguments (`--nnodes`,
+`--rdzv-endpoint`, `--rdzv-id`, `--local-addr`); each host runs world_size / nnodes ranks.
 """
 
 from __future__ import annotations
@@ -12,8 +14,37 @@ import sys
 from pathlib import Path
 
 from engine.contract import ExitCode
-from engine.runtime.launch import RunDirInUse, RunTarget, launch
-from engine.runtime.spec import SpecError, parse_spec
+from engine.runtime.launch import Rendezvous, RunDirInUse, RunTarget, launch
+from engine.runtime.spec import JobSpec, SpecError, parse_spec
+
+
+def nnodes(text: str) -> tuple[int, int]:
+    """`N` or `MIN:MAX` hosts, as torchrun's --nnodes."""
+    low, _, high = text.partition(":")
+    try:
+        bounds = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or MIN:MAX") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: needs 1 <= MIN <= MAX")
+    return bounds
+
+
+def rdzv_conf(text: str) -> dict[str, str]:
+    """`KEY=VALUE,...`: settings of the c10d rendezvous (torchrun's --rdzv-conf), such as
+    `last_call_timeout` or `keep_alive_interval` (seconds)."""
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    if any(not key or not sep for key, sep, _ in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE,...")
+    return {key: value for key, _, value in pairs}
+
+
+def endpoint(text: str) -> str:
+    """HOST:PORT (an IPv6 host in brackets)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +66,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, metavar="PORT",
         help="serve the latest per-op and per-rank aggregates as Prometheus text on PORT",
     )
+    hosts = parser.add_argument_group("several hosts (as torchrun)")
+    hosts.add_argument("--nnodes", type=nnodes, default=(1, 1), metavar="N|MIN:MAX",
+                       help="hosts of the job, each running this command (default: 1)")
+    hosts.add_argument("--rdzv-endpoint", type=endpoint, metavar="HOST:PORT",
+                       help="the c10d rendezvous, on the lead host (default: 127.0.0.1 and "
+                            "a free port; needed with --nnodes above 1)")
+    hosts.add_argument("--rdzv-id", default="", metavar="ID",
+                       help="the rendezvous's run id, the same on every host (default: --job)")
+    hosts.add_argument("--rdzv-conf", type=rdzv_conf, default={}, metavar="KEY=VALUE,...",
+                       help="rendezvous settings, e.g. last_call_timeout=5 (seconds)")
+    hosts.add_argument("--local-addr", metavar="ADDR",
+                       help="the address the other hosts reach this one at (default: the "
+                            "host name's)")
     return parser
+
+
+def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
+    """The rendezvous the arguments ask for; ValueError naming the argument if the spec's
+    nodes do not spread over the hosts, or several hosts have no endpoint to meet at."""
+    low, high = args.nnodes
+    if spec.parallel.nodes % high:
+        raise ValueError(f"--nnodes: parallel.nodes ({spec.parallel.nodes}) must be a multiple "
+                         f"of the hosts ({high}): each host runs whole nodes")
+    if high > 1 and not args.rdzv_endpoint:
+        raise ValueError("--rdzv-endpoint: a job on several hosts needs one, on the lead host")
+    return Rendezvous(min_nodes=low, max_nodes=high, endpoint=args.rdzv_endpoint or "",
+                      run_id=args.rdzv_id or args.job or spec.name, local_addr=args.local_addr,
+                      configs=args.rdzv_conf)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         for field, message in e.errors.items():
             print(f"  {field or '(root)'}: {message}", file=sys.stderr)
         return ExitCode.USAGE
+    try:
+        rdzv = rendezvous(args, spec)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return ExitCode.USAGE
     run_dir = args.run_dir or Path("runs") / spec.name
     target = RunTarget(
         run_dir=run_dir,
@@ -65,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
     )
     try:
-        return launch(spec, target)
+        return launch(spec, target, rdzv)
     except RunDirInUse as e:
         print(f"run: {e}", file=sys.stderr)
         return ExitCode.USAGE

@@ -265,6 +265,10 @@ class CommandHandler:
     def _new_layout(self, args: dict[str, Any]) -> dict[str, Any]:
         """The layout a reshard moves to, refused unless it is a valid spec over which the
         global micro-batch divides."""
+        placed = sorted(args.keys() & {"hosts", "min_hosts", "scale_up"})
+        if placed:  # the launchers of every host would have to change, not the ranks
+            raise CommandRefused(f"reshard: parallel.{placed[0]} says where the job runs, "
+                                 "which a reshard does not change")
         parallel = {**dataclasses.asdict(self.spec.parallel), **args}
         parse_spec(with_layout(self.spec.to_dict(), parallel))
         world = parallel["nodes"] * parallel["procs_per_node"]

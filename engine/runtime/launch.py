@@ -3,18 +3,26 @@
 The launcher process publishes the lifecycle (`starting`, then exactly one of `completed`,
 `failed` or `cancelled`); rank 0 publishes everything in between. Each lifecycle event is
 written through a fresh `EventLog`, so its sequence number follows whatever rank 0 wrote.
+
+A job on several hosts runs one launcher per host, as torchrun does (`Rendezvous`: the c10d
+rendezvous at an endpoint on one of them). The launcher on the endpoint's host is the lead:
+it alone publishes the lifecycle, and its ranks come first, so rank 0 runs beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import shutil
 import signal
+import socket
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -27,6 +35,7 @@ from engine.contract import (
     AnomalyEvent,
     Event,
     ExitCode,
+    LogEvent,
     PauseMode,
     StateEvent,
     checkpoint_dir,
@@ -37,7 +46,7 @@ from engine.ports import free_port
 from engine.runtime.commands import Outcome
 from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
-from engine.runtime.spec import JobSpec, parse_spec, with_layout
+from engine.runtime.spec import JobSpec, layout_on_hosts, parse_spec, with_layout
 from engine.runtime.train import Trainer
 
 
@@ -56,13 +65,69 @@ class RunTarget:
     bus_url: str | None = None
     resume_from: Path | None = None
     metrics_port: int | None = None  # rank 0 serves Prometheus text at /metrics
+    lead: bool = True  # whether this launcher publishes the lifecycle (see Rendezvous)
 
     def emit(self, event: Event) -> None:
+        if not self.lead:  # another host's launcher: why it ended, on its console only
+            if isinstance(event, StateEvent) and (event.error or event.reason):
+                print(f"{event.state}: {event.error or event.reason}", file=sys.stderr)
+                if event.traceback:
+                    print(event.traceback, file=sys.stderr)
+            return
         log = EventLog(self.job, self.events_path, self.bus_url)
         try:
             log.emit(event)
         finally:
             log.close()
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How this launcher meets the others of the job, as torchrun's `--nnodes MIN:MAX
+    --rdzv-endpoint HOST:PORT --rdzv-id ID --local-addr ADDR` say: between `min_nodes` and
+    `max_nodes` hosts meet at `endpoint`, whose host holds the c10d store. The default is a
+    job on this host alone, at a free port of the loopback."""
+
+    min_nodes: int = 1
+    max_nodes: int = 1
+    endpoint: str = ""  # HOST:PORT; "" = 127.0.0.1 and a free port for each launch
+    run_id: str = ""  # "" = the job id
+    local_addr: str | None = None  # the address the other hosts reach this one at
+    configs: dict[str, str] = dataclasses.field(default_factory=dict)  # torchrun's --rdzv-conf
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.rpartition(":")[0].strip("[]") or "127.0.0.1"
+
+    def is_lead(self) -> bool:
+        """The launcher on the endpoint's host leads (or the one of a single-host job)."""
+        return self.max_nodes == 1 or is_this_host(self.host)
+
+
+def is_this_host(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine: its name, a loopback address,
+    or an address of one of its interfaces (in a network namespace, of the namespace's: torch
+    compares with the addresses the host name resolves to, which a namespace does not own)."""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        resolved = {info[4][0] for info in socket.getaddrinfo(host, None,
+                                                              proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return False
+    mine = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
+    return any(ipaddress.ip_address(a).is_loopback or a in mine for a in resolved)
+
+
+def on_hosts(spec: JobSpec, rdzv: Rendezvous) -> JobSpec:
+    """The spec as it runs under `rdzv`: its nodes over `max_nodes` hosts (the caller checked
+    that they divide). The spec is left as it is when it says so already (the platform's
+    case), so a reshard's layout carries the platform's own `min_hosts` back to it."""
+    p = spec.parallel
+    if p.hosts == rdzv.max_nodes:
+        return spec
+    parallel = {"hosts": rdzv.max_nodes, "min_hosts": min(p.min_hosts or 1, rdzv.max_nodes)}
+    return parse_spec(with_layout(spec.to_dict(), parallel))
 
 
 def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Path] | None:
@@ -77,10 +142,45 @@ def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Pa
     return None
 
 
+def _lead_first(lead: bool) -> None:
+    """Number the ranks so that the lead host's come first: rank 0, which publishes the
+    events and reads the commands, runs beside the launcher that publishes the lifecycle.
+    (The rendezvous orders the hosts by address; only the order of whole hosts changes.)"""
+    hosts = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if hosts == 1:
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    group = os.environ["GROUP_RANK"]
+    # the first lead to answer wins (two launchers on one machine may both think they lead)
+    offered = group if lead and os.environ["LOCAL_RANK"] == "0" else ""
+    key = f"ringside-lead/{restart}"
+    lead_group = int(store.compare_set(key, "", offered) if offered else store.get(key))
+    host = (int(group) - lead_group) % hosts
+    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    os.environ["GROUP_RANK"] = str(host)
+    os.environ["RANK"] = str(host * local + int(os.environ["LOCAL_RANK"]))
+
+
+def _on_rendezvous_world(spec: JobSpec) -> tuple[JobSpec, str | None]:
+    """The spec laid out on the hosts the rendezvous gave, if not the spec's (an elastic
+    MIN:MAX job that met fewer or more hosts); a note saying so, else None."""
+    world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if world == spec.parallel.world_size:
+        return spec, None
+    laid = parse_spec(layout_on_hosts(spec.to_dict(), world // local))
+    t = laid.train
+    return laid, (f"the rendezvous gave {world // local} of {spec.parallel.hosts} hosts: "
+                  f"{laid.parallel.nodes} nodes, micro_batch {t.micro_batch}, grad_accum "
+                  f"{t.grad_accum} (the global batch kept)")
+
+
 @record
 def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     """The entry point of every rank (a spawned process with the elastic environment)."""
-    spec = parse_spec(spec_data)
+    _lead_first(target.lead)
+    spec, relaid = _on_rendezvous_world(parse_spec(spec_data))
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     events = control = None
@@ -97,9 +197,12 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
             events.emit(ActionEvent(step=events.last_step, action="restart", anomaly="crash",
                                     by=ActionBy.POLICY,
                                     reason=f"restart {restarts} of at most {most}"))
+        if relaid:
+            events.emit(LogEvent(step=events.last_step, level="warning", message=relaid))
     try:
-        trainer = Trainer(spec, target.run_dir, events, resume_sources(spec, target, restarted),
-                          control, target.metrics_port)
+        # on another world, the run goes on from its newest checkpoint, resharded
+        sources = resume_sources(spec, target, restarted or relaid is not None)
+        trainer = Trainer(spec, target.run_dir, events, sources, control, target.metrics_port)
         return trainer.fit()
     finally:
         for channel in (events, control):
@@ -121,10 +224,18 @@ def _failure_message(error: ChildFailedError) -> str:
     return f"rank {rank}: {detail}"
 
 
-def launch(spec: JobSpec, target: RunTarget) -> int:
-    """Run every rank of the job to the end; returns the process exit code."""
+def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) -> int:
+    """Run this host's ranks of the job to the end; returns the process exit code (on every
+    host: their ranks agree on how the run ends, as commands reach all of them)."""
+    target = dataclasses.replace(target, lead=rdzv.is_lead())
+    spec = on_hosts(spec, rdzv)
     directory = checkpoint_dir(spec.checkpoint.dir, target.run_dir)
-    if target.resume_from is None and list_checkpoints(directory):
+    # another host's launcher may already see the lead's first checkpoints in a shared folder
+    # (saves that never completed, without a manifest because the run died while writing them,
+    # hold nothing to resume and nothing a fresh start could mix with: their files are named
+    # by their save)
+    if target.lead and target.resume_from is None and any(
+            c.good for c in list_checkpoints(directory)):
         raise RunDirInUse(
             f"{directory} already holds checkpoints of an earlier run: resume it with "
             f"--resume {directory}, or start afresh in another --run-dir"
@@ -133,9 +244,10 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
         shutil.rmtree(memory_dir(directory), ignore_errors=True)
     target.run_dir.mkdir(parents=True, exist_ok=True)
     target.emit(StateEvent(step=0, state="starting", world_size=spec.parallel.world_size))
+    incarnation = 0
     while True:
         try:
-            outcome = _launch_once(spec, target)
+            outcome = _launch_once(spec, target, rdzv, incarnation)
         except ChildFailedError as e:
             target.emit(StateEvent(step=0, state="failed", error=_failure_message(e)))
             return ExitCode.FAILED
@@ -156,6 +268,7 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
         micro_batch = spec.train.micro_batch * spec.parallel.world_size // world
         spec = parse_spec(with_layout(spec.to_dict(), outcome.parallel, micro_batch))
         target = dataclasses.replace(target, resume_from=directory)
+        incarnation += 1
         target.emit(StateEvent(step=outcome.step, state="resharding",
                                parallel=outcome.parallel, micro_batch=micro_batch))
     final = {"completed": ("completed", ExitCode.COMPLETED), "pause": ("paused", ExitCode.PAUSED),
@@ -166,17 +279,38 @@ def launch(spec: JobSpec, target: RunTarget) -> int:
     return code
 
 
-def _launch_once(spec: JobSpec, target: RunTarget) -> Outcome:
+def _launch_once(spec: JobSpec, target: RunTarget, rdzv: Rendezvous, incarnation: int) -> Outcome:
+    """One incarnation of this host's ranks: `spec.parallel.hosts` hosts' worth of ranks
+    split evenly, meeting the other hosts' under a run id of the incarnation's own (a
+    rendezvous that ended is closed for good) at the endpoint's port + the incarnation (the
+    last one's store may still be closing: another host must not join that one)."""
+    run_id = rdzv.run_id or target.job
+    host, _, port = rdzv.endpoint.rpartition(":")
+    endpoint = f"{host}:{int(port) + incarnation}" if port else f"127.0.0.1:{free_port()}"
+    # the lead hosts the c10d store; torch guesses it from the endpoint's name, which fails
+    # in a network namespace (the addresses are the namespace's, not the host name's)
+    lead_hosts = rdzv.max_nodes > 1 and target.lead and not _is_loopback(rdzv.host)
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=spec.parallel.world_size,
-        run_id=target.job,
+        min_nodes=rdzv.min_nodes,
+        max_nodes=rdzv.max_nodes,
+        nproc_per_node=spec.parallel.world_size // spec.parallel.hosts,
+        run_id=f"{run_id}-{incarnation}" if incarnation else run_id,
         role="rank",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={**({"is_host": True} if lead_hosts else {}), **rdzv.configs},
         max_restarts=spec.faults.policy.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        local_addr=rdzv.local_addr,
     )
-    return elastic_launch(config, run_rank)(spec.to_dict(), target)[0]
+    # by global rank: this host's ranks only; any of them tells how the run ended
+    results = elastic_launch(config, run_rank)(spec.to_dict(), target)
+    return results[min(results)]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

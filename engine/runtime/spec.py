@@ -29,6 +29,7 @@ from engine.moe.config import PRESETS, MoEConfig
 BOUNDS: dict[str, int] = {
     "parallel.nodes": 1024,
     "parallel.procs_per_node": 64,
+    "parallel.hosts": 1024,
     "train.steps": 1_000_000,
     "train.micro_batch": 4096,
     "train.grad_accum": 1024,
@@ -60,6 +61,10 @@ class ParallelSpec:
     procs_per_node: int = 1
     strategy: str = "NNN"
     collective: Literal[COLLECTIVES] = "native"  # the contract's names, checked by _convert
+    # the hosts the nodes are spread over evenly; one node per host is the production shape
+    hosts: int = 1
+    min_hosts: int | None = None  # the fewest hosts the job may continue on; None = hosts
+    scale_up: bool = True  # grow back to `hosts` when hosts return
 
     @property
     def world_size(self) -> int:
@@ -181,6 +186,8 @@ def parse_spec(data: Any) -> JobSpec:
             spec.model = model
         spec.preset = preset_name
         spec.init = init or ModelInit()
+        if spec.parallel.min_hosts is None:
+            spec.parallel.min_hosts = spec.parallel.hosts
         _add_new(errors, _check_semantics(spec))
     if errors:
         raise SpecError(errors)
@@ -189,19 +196,48 @@ def parse_spec(data: Any) -> JobSpec:
 
 
 def with_layout(data: dict[str, Any], parallel: dict[str, Any],
-                micro_batch: int | None = None) -> dict[str, Any]:
-    """Spec data as it is after a reshard onto `parallel` (and `micro_batch`, the per-rank
-    share of the same global batch): injected faults on ranks the new layout lacks are
-    dropped, since the rank they name is no longer part of the job."""
+                micro_batch: int | None = None, grad_accum: int | None = None) -> dict[str, Any]:
+    """Spec data as it is after a reshard onto `parallel` (and `micro_batch` and
+    `grad_accum`, the per-rank share of the same global batch): injected faults on ranks the
+    new layout lacks are dropped, since the rank they name is no longer part of the job."""
     parallel = {**data.get("parallel", {}), **parallel}
     world = int(parallel.get("nodes", 1)) * int(parallel.get("procs_per_node", 1))
     faults = data.get("faults", {})
     inject = [i for i in faults.get("inject", [])
               if not isinstance(i, dict) or int(i.get("rank", 0)) < world]
     spec = {**data, "parallel": parallel, "faults": {**faults, "inject": inject}}
-    if micro_batch is not None:
-        spec["train"] = {**data.get("train", {}), "micro_batch": micro_batch}
+    train = {name: value for name, value in
+             (("micro_batch", micro_batch), ("grad_accum", grad_accum)) if value is not None}
+    if train:
+        spec["train"] = {**data.get("train", {}), **train}
     return spec
+
+
+def layout_on_hosts(data: dict[str, Any], hosts: int) -> dict[str, Any]:
+    """Spec data for running the job of `data` on `hosts` hosts instead of its
+    `parallel.hosts`: the same nodes per host, and the same global batch (micro_batch x
+    grad_accum x ranks), by changing grad_accum while micro_batch divides the new per-rank
+    share, else by the largest micro_batch under the old one that does (a rank's memory never
+    grows). The result runs on `hosts` hosts: its `parallel.hosts` is `hosts` (so it can be
+    laid out again) and `min_hosts` at most that. SpecError, naming the field, if the nodes or
+    the global batch do not divide over the new hosts."""
+    spec = parse_spec(data)
+    p, t = spec.parallel, spec.train
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+        raise SpecError({"parallel.hosts": f"must be a positive integer, got {hosts!r}"})
+    nodes = p.nodes // p.hosts * hosts  # parse_spec checked that p.hosts divides p.nodes
+    world = nodes * p.procs_per_node
+    global_batch = t.micro_batch * t.grad_accum * p.world_size
+    if global_batch % world:
+        raise SpecError({"parallel.hosts": (
+            f"the global batch ({global_batch} sequences) does not divide over the {world} "
+            f"ranks of {hosts} hosts")})
+    per_rank = global_batch // world
+    micro_batch = max(m for m in range(1, min(t.micro_batch, per_rank) + 1) if per_rank % m == 0)
+    parallel = {"nodes": nodes, "hosts": hosts, "min_hosts": min(p.min_hosts or hosts, hosts)}
+    laid = with_layout(spec.to_dict(), parallel, micro_batch, per_rank // micro_batch)
+    parse_spec(laid)  # a bound the new layout passes (grad_accum, nodes) is named
+    return laid
 
 
 def _add_new(errors: dict[str, str], found: dict[str, str]) -> None:
@@ -235,6 +271,7 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
     for path, most in BOUNDS.items():
         if "*" not in path and _field(spec, path) > most:
             errors.setdefault(path, f"must be at most {most}")
+    _add_new(errors, _hosts_errors(p))  # a count past its bound is named as such
     if p.strategy not in (*STRATEGIES, "auto"):
         errors["parallel.strategy"] = f"unknown strategy; valid: {', '.join(STRATEGIES)}, auto"
     if not t.lr > 0:  # NaN too
@@ -264,6 +301,18 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
             errors[f"faults.inject.{i}.factor"] = (
                 f"must be at most {BOUNDS['faults.inject.*.factor']}")
     return errors
+
+
+def _hosts_errors(p: ParallelSpec) -> dict[str, str]:
+    """The nodes spread evenly over the hosts, and the fewest hosts between 1 and all."""
+    if p.hosts < 1:
+        return {"parallel.hosts": "must be at least 1"}
+    if p.nodes % p.hosts:
+        return {"parallel.hosts": f"must divide parallel.nodes ({p.nodes}): the nodes are "
+                                  "spread evenly over the hosts"}
+    if not 1 <= (p.min_hosts or 0) <= p.hosts:
+        return {"parallel.min_hosts": f"must be between 1 and parallel.hosts ({p.hosts})"}
+    return {}
 
 
 def _field(spec: JobSpec, path: str) -> Any:

@@ -64,6 +64,7 @@ from jobs.serializers import (
     JobDetailSerializer,
     JobEventSerializer,
     JobNoteSerializer,
+    JobOptions,
     JobSerializer,
     NewApiTokenSerializer,
     NewWebhookSerializer,
@@ -139,7 +140,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
             return Job.objects.none()
-        return visible_jobs(self.request.user)
+        # one query for every listed job's placement (Job.placement reads the prefetch)
+        return visible_jobs(self.request.user).prefetch_related("reservations__host")
 
     def get_serializer_class(self):
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
@@ -151,7 +153,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                    422: STEER_ERRORS[422]},
         description="Body: the job spec itself (DESIGN.md §3), plus an optional `platform` "
         "object, the platform's fault policy for the job (`max_auto_actions_per_hour`, "
-        "`resume_on_failure`; jobs/policy.py). An invalid body answers 400 with `errors`, a "
+        "`resume_on_failure`; jobs/policy.py), and an optional `priority` (-100..100, default 0: "
+        "placement order, higher first). An invalid body answers 400 with `errors`, a "
         "map from each bad field's dotted path to a message.",
         examples=[OpenApiExample("nano", value={
             "name": "demo", "model": {"preset": "nano"}, "train": {"steps": 20},
@@ -162,19 +165,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = request.data
         errors: dict[str, str] = {}
         policy = PlatformPolicy()
+        extras = JobOptions().fields  # the platform's own fields beside the spec
+        options = JobOptions(data={})
         if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k != "platform"}
+            options = JobOptions(data={k: v for k, v in data.items() if k in extras})
+            data = {k: v for k, v in data.items() if k != "platform" and k not in extras}
             try:
                 policy = PlatformPolicy.parse(request.data.get("platform"))
             except PolicyError as e:
                 errors.update(e.errors)
+        if not options.is_valid():
+            errors.update({k: " ".join(map(str, v)) for k, v in options.errors.items()})
         try:
             spec = parse_spec(data).to_dict()
         except SpecError as e:
             errors.update(e.errors)
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
-        job = self._launch(request, spec, policy, "job.create")
+        job = self._launch(request, spec, policy, "job.create", **options.validated_data)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobNoteSerializer,
@@ -193,12 +201,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobDetailSerializer(job).data)
 
     def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
-                resume_from: str = "", **details) -> Job:
+                resume_from: str = "", priority: int = 0, **details) -> Job:
         from jobs.tasks import dispatch
 
         with transaction.atomic():
             job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
-                                     platform=policy.to_dict(), resume_from=resume_from)
+                                     platform=policy.to_dict(), resume_from=resume_from,
+                                     priority=priority)
             audit(what, actor(request), request_cause(request), job=job, **details)
             dispatch(job)
         return job
@@ -364,7 +373,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         spec["name"] = body.validated_data["name"]
         job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
                            "job.clone", resume_from=body.validated_data["resume_from"],
-                           original=original.pk)
+                           priority=original.priority, original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[MetricsQuery], responses={200: SERIES, 400: BAD_QUERY,

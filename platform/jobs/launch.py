@@ -1,6 +1,11 @@
-"""The engine's processes for one launch of a job: its run folder, its command line (resuming
-from the newest good checkpoint after the first launch), starting it in a process group of its
-own, signalling that group, and the tail of its stderr for a failure message."""
+"""The engine's processes for one launch of a job on one host: its run folder, its command line
+(resuming from the newest good checkpoint after the first launch; on several hosts, the
+rendezvous every host's launcher joins), starting it in a process group of its own on the slots
+the job holds there, signalling that group, and the tail of its stderr for a failure message.
+
+A job on several hosts runs one engine launcher per host (node rank 0, the lead, holds the
+rendezvous endpoint and supervises); each writes its own spec and logs into the run folder,
+suffixed with its node rank past the lead, so hosts sharing one filesystem do not collide."""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 
 from engine.checkpoint.layout import find_latest_good
@@ -28,50 +36,99 @@ def run_dir(job: Job) -> Path:
     return settings.RUNS_DIR / str(job.pk)
 
 
-def checkpoint_folder(job: Job) -> Path:
-    """Where the engine keeps the job's disk checkpoints."""
+def checkpoint_folder(job: Job) -> Path | str:
+    """Where the engine keeps the job's disk checkpoints (an `s3://` URL stays a str)."""
     return checkpoint_dir(job.spec.get("checkpoint", {}).get("dir", ""), run_dir(job))
 
 
-def resume_point(job: Job) -> Path | None:
+def resume_point(job: Job) -> Path | str | None:
     """What the next launch continues from: the job's own newest good checkpoint, else the
     checkpoint it was cloned from, else nothing (a fresh start)."""
     newest, _ = find_latest_good(checkpoint_folder(job))
     if newest is not None:
         return checkpoint_folder(job)
-    return Path(job.resume_from) if job.resume_from else None
+    return job.resume_from or None
 
 
-def engine_command(job: Job, spec_path: Path) -> list[str]:
+@dataclass(frozen=True)
+class HostShare:
+    """This host's part of one incarnation of the job: its node rank among the placed hosts
+    (0: the lead), how many hosts there are, the rendezvous every launcher joins, and the slot
+    indices the job holds here."""
+
+    node_rank: int = 0
+    nnodes: int = 1
+    endpoint: str = ""  # HOST:PORT on the lead; empty: one host, the engine picks a port
+    run_id: str = ""
+    address: str = ""  # where the other hosts reach this one (the host's registered address)
+    slots: tuple[int, ...] = ()
+    gpus: bool = False
+
+    def suffix(self, name: str) -> str:
+        """`name` for this host's own file in a run folder the hosts may share."""
+        if self.node_rank == 0:
+            return name
+        stem, dot, ext = name.partition(".")
+        return f"{stem}-node{self.node_rank}{dot}{ext}"
+
+
+def engine_command(job: Job, spec_path: Path, share: HostShare = HostShare()) -> list[str]:
     folder = spec_path.parent
     command = [
         sys.executable, "-m", "engine.train", str(spec_path),
         "--bus", settings.REDIS_URL, "--job", str(job.pk),
         "--events", str(folder / "events.jsonl"), "--run-dir", str(folder),
     ]
+    if share.nnodes > 1:
+        command += ["--nnodes", str(share.nnodes), "--rdzv-endpoint", share.endpoint,
+                    "--rdzv-id", share.run_id, "--local-addr", share.address]
     resume = resume_point(job)
     return command + ["--resume", str(resume)] if resume is not None else command
 
 
-def start_engine(job: Job) -> subprocess.Popen:
-    """Write the job's spec into its run folder and start the engine on it."""
+def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subprocess.Popen:
+    """Write the spec this incarnation runs (`spec`: the job's, laid out on the hosts it
+    holds) into the run folder and start this host's engine launcher on it."""
     folder = run_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
-    spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(job.spec, indent=2), encoding="utf-8")
-    with (folder / "stdout.log").open("ab") as out, stderr_path(job).open("wb") as err:
+    spec_path = folder / share.suffix("spec.json")
+    spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    env = child_env()
+    if share.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = interface_of(share.address)
+    if share.gpus and share.slots:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, share.slots))
+    with (folder / share.suffix("stdout.log")).open("ab") as out, \
+            stderr_path(job, share).open("wb") as err:
         # its own process group, so cancel signals reach the launcher and every rank
-        return subprocess.Popen(engine_command(job, spec_path), cwd=settings.REPO_ROOT,
-                                env=child_env(), stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        return subprocess.Popen(engine_command(job, spec_path, share), cwd=settings.REPO_ROOT,
+                                env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_before_exec(share))
 
 
-def _die_with_parent() -> None:
-    """In the engine's launcher, before exec: SIGTERM it when its supervisor dies, so a lost
-    worker leaves no ranks training (the launcher stops its ranks on SIGTERM)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def interface_of(address: str) -> str:
+    """The network interface that holds `address` (the host's registered one): gloo binds the
+    ranks there, where the other hosts reach them, rather than where the host name resolves."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    raise RuntimeError(f"no network interface of this host has the address {address} it "
+                       "registered with (RINGSIDE_HOST_ADDRESS)")
+
+
+def _before_exec(share: HostShare) -> Callable[[], None]:
+    """What the engine's launcher does before exec: SIGTERM it when its supervisor dies, so a
+    lost worker leaves no ranks training (the launcher stops its ranks on SIGTERM); and on a
+    CPU host keep its ranks on the cores of the slots the job holds (slot i: core i modulo the
+    core count), so concurrent jobs on one host do not share cores they need not share."""
+    cores = {slot % (os.cpu_count() or 1) for slot in share.slots} if not share.gpus else set()
+
+    def prepare() -> None:
+        if sys.platform == "linux":
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if cores:
+                os.sched_setaffinity(0, cores)
+    return prepare
 
 
 def kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
@@ -81,8 +138,8 @@ def kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def stderr_path(job: Job) -> Path:
-    return run_dir(job) / "stderr.log"
+def stderr_path(job: Job, share: HostShare = HostShare()) -> Path:
+    return run_dir(job) / share.suffix("stderr.log")
 
 
 def stderr_tail(job: Job) -> str:

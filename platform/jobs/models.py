@@ -8,6 +8,7 @@ A `Command` is one control request (pause, rollback, ...): stored, delivered to 
 engine's control stream, and settled (done or refused, with the engine's answer) when the
 engine's `action` event naming its id arrives. `ApiToken`, `IdempotencyKey`, `AuditEntry` and
 `Webhook` are the API's named tokens, replayable POSTs, audit trail and signed notifications.
+A `Reservation` is one placed host's share of a job: the slots it holds there (jobs.placement).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Cause(models.TextChoices):
     POLICY = "policy"  # the platform's fault policy
     WORKER = "worker"  # the supervisor task, acting on the engine's progress
     WORKER_LOSS = "worker_loss"  # the supervisor found its previous incarnation gone
+    HOST_LOSS = "host_loss"  # a host the job was placed on stopped beating or was drained
+    SCHEDULER = "scheduler"  # placement: the job got its hosts, or waits for them
     ENGINE = "engine"  # the engine reported it (its own state events, its exit)
 
 
@@ -48,7 +51,7 @@ SUPERVISED = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED_WARM, S.ROLLI
 # from its newest checkpoint. A refused pause, rollback or reshard goes back to RUNNING, and
 # so does a reshard the engine carried out in-process (it relaunches its own ranks).
 TRANSITIONS: dict[str, frozenset[str]] = {
-    S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.FAILED}),
+    S.QUEUED: frozenset({S.STARTING, S.WAITING_FOR_HOSTS, S.CANCELLED, S.FAILED}),
     S.STARTING: frozenset({S.RUNNING, S.CANCELLED, S.FAILED, S.COMPLETING, S.QUEUED}),
     S.RUNNING: frozenset(
         {S.PAUSING, S.ROLLING_BACK, S.RESHARDING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}
@@ -56,6 +59,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PAUSING: frozenset({S.PAUSED, S.PAUSED_WARM, S.RUNNING, S.COMPLETING, S.CANCELLED,
                           S.FAILED, S.QUEUED}),
     S.PAUSED: frozenset({S.QUEUED, S.CANCELLED}),
+    # lost hosts left fewer than parallel.min_hosts: placed again when capacity returns
+    S.WAITING_FOR_HOSTS: frozenset({S.STARTING, S.QUEUED, S.CANCELLED, S.FAILED}),
     S.PAUSED_WARM: frozenset({S.RUNNING, S.PAUSED, S.CANCELLED, S.FAILED, S.QUEUED}),
     S.ROLLING_BACK: frozenset({S.RUNNING, S.COMPLETING, S.CANCELLED, S.FAILED, S.QUEUED}),
     S.RESHARDING: frozenset({S.RUNNING, S.QUEUED, S.COMPLETING, S.CANCELLED, S.FAILED}),
@@ -66,6 +71,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 # the states a running job takes while the engine carries out a command (COMMAND_RULES); it
 # runs on when the engine is done with it or refuses it
+# states in which a job holds no slots: entering one releases its reservations (a requeued job
+# is placed again, perhaps elsewhere; a cold pause frees its hosts; a final job holds nothing)
+UNPLACED = frozenset({S.QUEUED, S.PAUSED, S.WAITING_FOR_HOSTS}) | TERMINAL
 STEERED = frozenset(rule.moves_to for rule in COMMAND_RULES.values()
                     if rule.moves_to is not None and rule.allowed_in == {S.RUNNING})
 
@@ -87,7 +95,7 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
     )
     spec = models.JSONField(help_text="the normalised job spec (engine.runtime.spec)")
-    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    state = models.CharField(max_length=24, choices=State.choices, default=State.QUEUED)
     step = models.PositiveIntegerField(default=0, help_text="last optimizer step reported")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -114,6 +122,12 @@ class Job(models.Model):
     tags = models.JSONField(default=list, blank=True,
                             help_text="the owner's labels (jobs.serializers.JobNoteSerializer)")
     note = models.TextField(blank=True, help_text="the owner's free-text note")
+    priority = models.IntegerField(default=0, help_text="placement order: higher first "
+                                   "(jobs.placement; -100..100)")
+    incarnation = models.PositiveIntegerField(
+        default=0, help_text="placements so far; its reservations carry the one they belong to")
+    waiting_reason = models.TextField(blank=True, help_text="why placement could not place it "
+                                      "yet; empty once placed")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -134,7 +148,8 @@ class Job(models.Model):
                    expect: frozenset[str] | None = None) -> JobEvent:
         """Move to `target` (re-read under a row lock) or raise IllegalTransition; with
         `expect`, only from one of those states (a move meant for the state it had when the
-        caller looked, not for whatever it became since)."""
+        caller looked, not for whatever it became since). Entering a state that holds no slots
+        (UNPLACED) releases the job's reservations in the same transaction."""
         with transaction.atomic():
             current = Job.objects.select_for_update().get(pk=self.pk)
             allowed = target in TRANSITIONS[current.state]
@@ -154,6 +169,8 @@ class Job(models.Model):
                 current.error = message
             if target == S.QUEUED:  # a new supervisor takes over
                 current.supervisor, current.heartbeat_at = "", None
+            if target in UNPLACED:
+                Reservation.objects.held().filter(job=current).update(released_at=now)
             current.save(update_fields=["state", "started_at", "finished_at", "error",
                                         "launches", "heartbeat_at", "supervisor"])
             event = JobEvent.objects.create(
@@ -163,6 +180,15 @@ class Job(models.Model):
         self.refresh_from_db()
         return event
 
+    @property
+    def placement(self) -> list[Reservation]:
+        """Where the job is placed now: its held reservations, by node rank (0: the lead host,
+        which holds the rendezvous endpoint and supervises); empty when it is not placed.
+        Read through `reservations.all()` so that a list's prefetch serves every job."""
+        return sorted((r for r in self.reservations.all()
+                       if r.released_at is None and r.incarnation == self.incarnation),
+                      key=lambda r: r.node_rank)
+
     # -- the named moves ----------------------------------------------------------------
     def start(self, supervisor: str = "") -> JobEvent:
         """A supervisor takes the queued job (only one can: the move is made under a lock)."""
@@ -171,6 +197,12 @@ class Job(models.Model):
             Job.objects.filter(pk=self.pk).update(supervisor=supervisor)
             self.supervisor = supervisor
         return event
+
+    def wait_for_hosts(self, reason: str) -> JobEvent:
+        """A job that has run cannot get even parallel.min_hosts hosts: it waits for capacity
+        rather than failing (placement moves it back to queued once it is placed again)."""
+        return self.transition(S.WAITING_FOR_HOSTS, Cause.SCHEDULER, message=reason,
+                               expect=frozenset({S.QUEUED}))
 
     def mark_running(self) -> JobEvent:
         return self.transition(S.RUNNING, Cause.ENGINE, message="the engine reported running")
@@ -247,8 +279,8 @@ class Job(models.Model):
             models.Q(heartbeat_at__lt=cutoff) | models.Q(heartbeat_at__isnull=True))
 
     def request_cancel(self, cause: str, actor: str) -> None:
-        """Record a cancel; a queued or paused job is cancelled at once (no supervisor owns
-        it), a live one by its supervisor."""
+        """Record a cancel; a queued, paused or waiting_for_hosts job is cancelled at once (no
+        supervisor owns it), a live one by its supervisor."""
         with transaction.atomic():
             current = Job.objects.select_for_update().get(pk=self.pk)
             if S.CANCELLED not in TRANSITIONS[current.state]:
@@ -259,10 +291,11 @@ class Job(models.Model):
                     cancel_requested_at=timezone.now(), cancel_cause=cause, cancel_actor=actor
                 )
         self.refresh_from_db()
-        if self.state in (S.QUEUED, S.PAUSED):
+        unsupervised = frozenset({S.QUEUED, S.PAUSED, S.WAITING_FOR_HOSTS})
+        if self.state in unsupervised:
             try:
                 self.transition(S.CANCELLED, cause, actor, f"cancelled while {self.state}",
-                                expect=frozenset({S.QUEUED, S.PAUSED}))
+                                expect=unsupervised)
             except IllegalTransition:
                 pass  # a supervisor took it meanwhile; it carries the recorded request out
 
@@ -277,8 +310,8 @@ class JobEvent(models.Model):
     """One state transition: the job's audit trail."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="transitions")
-    from_state = models.CharField(max_length=16, choices=State.choices)
-    to_state = models.CharField(max_length=16, choices=State.choices)
+    from_state = models.CharField(max_length=24, choices=State.choices)
+    to_state = models.CharField(max_length=24, choices=State.choices)
     cause = models.CharField(max_length=16, choices=Cause.choices)
     actor = models.CharField(max_length=150, blank=True)
     message = models.TextField(blank=True)
@@ -289,6 +322,39 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.from_state} -> {self.to_state} ({self.cause})"
+
+
+class ReservationQuerySet(models.QuerySet):
+    def held(self) -> ReservationQuerySet:
+        return self.filter(released_at__isnull=True)
+
+
+class Reservation(models.Model):
+    """One placed host's share of a job's incarnation: the slot indices it holds there. Held
+    while `released_at` is null; a slot index is held by at most one held reservation of its
+    host (jobs.placement takes them under a lock on the host rows)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="reservations")
+    host = models.ForeignKey("hosts.Host", on_delete=models.CASCADE, related_name="reservations")
+    incarnation = models.PositiveIntegerField(help_text="the job's incarnation it was made for")
+    node_rank = models.PositiveIntegerField(help_text="0: the lead host (rendezvous endpoint, "
+                                            "supervisor)")
+    slots = models.JSONField(default=list, help_text="slot indices on the host")
+    created_at = models.DateTimeField(auto_now_add=True)
+    beat_at = models.DateTimeField(null=True, blank=True,
+                                   help_text="the host's part of the job beats it")
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ReservationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["job", "incarnation", "node_rank"]
+        indexes = [models.Index(fields=["host", "released_at"]),
+                   models.Index(fields=["job", "released_at"])]
+
+    def __str__(self) -> str:
+        return (f"job {self.job_id}#{self.incarnation} node {self.node_rank} on host "
+                f"{self.host_id} slots {self.slots}")
 
 
 class CommandState(models.TextChoices):

@@ -13,7 +13,17 @@ from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, P
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
 from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec, with_layout
-from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
+from jobs.models import (
+    ApiToken,
+    AuditEntry,
+    Command,
+    Export,
+    Job,
+    JobEvent,
+    Reservation,
+    State,
+    Webhook,
+)
 from monitor.models import Action, Anomaly, Checkpoint
 
 
@@ -23,16 +33,42 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "cause", "actor", "message", "time"]
 
 
+class PlacementSerializer(serializers.ModelSerializer):
+    """One placed host of a job: its node rank (0: the lead host), the host, its slots."""
+
+    host = serializers.CharField(source="host.name", read_only=True)
+
+    class Meta:
+        model = Reservation
+        fields = ["node_rank", "host", "slots"]
+        read_only_fields = fields
+
+
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     total_steps = serializers.IntegerField(read_only=True)
+    placement = PlacementSerializer(many=True, read_only=True, help_text=(
+        "the hosts it is placed on, by node rank; empty while it waits (`waiting_reason`)"))
 
     class Meta:
         model = Job
         fields = ["id", "name", "state", "step", "total_steps", "spec", "owner", "created_at",
                   "started_at", "finished_at", "error", "cancel_requested_at", "heartbeat_at",
-                  "launches", "resume_from", "platform", "tags", "note"]
+                  "launches", "resume_from", "platform", "tags", "note", "priority",
+                  "placement", "waiting_reason"]
         read_only_fields = fields
+
+
+PRIORITY_RANGE = (-100, 100)
+
+
+class JobOptions(serializers.Serializer):
+    """The platform's own fields of a job-create body, beside the spec: its placement
+    priority (jobs.placement: higher first)."""
+
+    priority = serializers.IntegerField(
+        default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1],
+        help_text="placement order, higher first; waiting jobs age upwards so none starves")
 
 
 TAG = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,31}$")

@@ -6,7 +6,14 @@ settles commands when `action` events name them (jobs.commands), hands the engin
 actions and the run's failure to the platform's fault policy (jobs.policy), carries out cancel
 requests (the cancel command, then SIGTERM to the process group, SIGKILL after a grace period),
 beats the job's heartbeat and redelivers commands the bus missed. When the engine exits,
-`finish` records how it ended. A paused engine exits, so pausing frees the worker.
+`finish` records how it ended and releases the job's slots. A paused engine exits, so pausing
+frees the worker and the slots.
+
+On several hosts the supervisor is the lead's part: it picks the rendezvous endpoint, starts
+the other hosts' parts, beats its own reservation and watches theirs (jobs.membership). When
+a placed host is drained, or the job runs on fewer hosts than it asked for and
+`parallel.scale_up` finds room for more, it regroups at the engine's next checkpoint: a pause,
+then placement anew.
 """
 
 from __future__ import annotations
@@ -24,9 +31,21 @@ from django.utils import timezone
 
 from engine import contract
 from engine.contract import ExitCode, JobState, PauseMode
+from engine.ports import free_port
 from engine.runtime.events import BUS_RETRY_S, BusOutage
-from jobs import commands, policy
-from jobs.launch import kill_group, start_engine, stderr_tail
+from jobs import commands, placement, policy
+from jobs.dispatch import send_run_part, send_schedule
+from jobs.launch import kill_group, run_dir, start_engine, stderr_tail
+from jobs.membership import (
+    Peers,
+    announce,
+    held,
+    incarnation_spec,
+    lose_hosts,
+    regroup,
+    regroup_reason,
+    share,
+)
 from jobs.models import Cause, Command, CommandKind, CommandState, IllegalTransition, Job, State
 from jobs.webhooks import notify
 from monitor.ingest import StreamIngest
@@ -50,10 +69,11 @@ def supervise(job: Job, me: str) -> None:
     # what an earlier incarnation published and nobody stored is stored now, before this
     # launch's events, so it cannot be mistaken for them
     ingest.drain()
-    proc = start_engine(job)
+    proc, peers = _start(job)
     log.info("job %s: engine started, pid %s (launch %s)", job.pk, proc.pid, job.launches)
+    supervisor = Supervisor(job, proc, ingest, me, peers)
     try:
-        engine = Supervisor(job, proc, ingest, me).run()
+        engine = supervisor.run()
     except BaseException:
         # the supervisor can no longer follow the run (database or Redis gone, or the task is
         # being torn down): stop the engine rather than leave ranks training unobserved; the
@@ -64,7 +84,25 @@ def supervise(job: Job, me: str) -> None:
     finally:
         client.close()
     if engine.owned:
+        placement.release(job)  # before `finish`, which may queue the job to be placed anew
         finish(job, proc.returncode, engine)
+        if supervisor.regroup and job.state == State.PAUSED:
+            regroup(job, supervisor.regroup)
+    send_schedule()  # the slots it held may fit a waiting job
+
+
+def _start(job: Job) -> tuple[subprocess.Popen, Peers | None]:
+    """Start this incarnation: the lead's engine launcher, then every other host's part."""
+    reservations = held(job, job.incarnation)
+    if not reservations:  # run directly, not placed (the engine's own single-host launch)
+        return start_engine(job, job.spec), None
+    announce(job, run_dir(job) / "events.jsonl")
+    endpoint = f"{reservations[0].host.address}:{free_port()}" if len(reservations) > 1 else ""
+    proc = start_engine(job, incarnation_spec(job, len(reservations)),
+                        share(job, job.incarnation, 0, endpoint))
+    for reservation in reservations[1:]:
+        send_run_part(job, reservation, endpoint)
+    return proc, Peers(job, job.incarnation, 0)
 
 
 @dataclass
@@ -81,9 +119,11 @@ class Supervisor:
     """The loop of one launch: pump events until the engine exits."""
 
     def __init__(self, job: Job, proc: subprocess.Popen | None, ingest: StreamIngest | None,
-                 me: str):
-        self.job, self.proc, self.ingest, self.me = job, proc, ingest, me
+                 me: str, peers: Peers | None = None):
+        self.job, self.proc, self.ingest, self.me, self.peers = job, proc, ingest, me, peers
         self.engine = EngineReport()
+        self.regroup = ""  # why the job moves to other hosts at its next checkpoint
+        self.last_peer_check = 0.0
         self.term_at: float | None = None
         self.kill_at: float | None = None
         self.sigterm_sent = False
@@ -133,6 +173,10 @@ class Supervisor:
         if now - self.last_check >= CANCEL_POLL_S:
             self.last_check = now
             self.check_cancel(now)
+        if self.peers is not None and now - self.last_peer_check >= settings.PART_BEAT_S:
+            self.last_peer_check = now
+            if not self.check_peers():
+                return False
         if self.term_at is not None and now >= self.term_at and not self.sigterm_sent:
             log.info("job %s: cancel requested, SIGTERM to the engine", self.job.pk)
             kill_group(self.proc, signal.SIGTERM)
@@ -142,6 +186,22 @@ class Supervisor:
             kill_group(self.proc, signal.SIGKILL)
             self.kill_at = None
         return True
+
+    def check_peers(self) -> bool:
+        """Beat this host's part and look at the others'; False (engine stopped, the job no
+        longer ours) when a host was lost or another part found the incarnation over."""
+        peers, job = self.peers, self.job
+        lost = peers.silent()
+        if peers.beat() and peers.current() and not (lost and lose_hosts(
+                job, peers.incarnation, lost, f"host(s) {', '.join(lost)} stopped beating")):
+            self.regroup = self.regroup or regroup_reason(job, peers.incarnation)
+            return True
+        log.warning("job %s: incarnation %s is over; stopping its engine here", job.pk,
+                    peers.incarnation)
+        kill_group(self.proc, signal.SIGKILL)
+        self.proc.wait()
+        self.engine.owned = False
+        return False
 
     def check_cancel(self, now: float) -> None:
         job = self.job
@@ -164,10 +224,23 @@ class Supervisor:
                 commands.settle(self.job, event)
             else:
                 policy.auto_pause(self.job, event)
+        elif isinstance(event, contract.CheckpointEvent):
+            if self.regroup and event.tier == "disk" and self.job.state == State.RUNNING:
+                self.pause_to_regroup()
         elif isinstance(event, contract.AnomalyEvent):
             notify(self.job, "anomaly", {"kind": event.kind, "severity": event.severity,
                                          "rank": event.rank, "step": event.step,
                                          "evidence": event.evidence})
+
+    def pause_to_regroup(self) -> None:
+        """Stop at the next step boundary (a cold pause: the checkpoint it writes is where the
+        next incarnation, on other hosts, begins)."""
+        log.info("job %s: regrouping: %s", self.job.pk, self.regroup)
+        try:
+            commands.issue(self.job, CommandKind.PAUSE, {}, actor="scheduler",
+                           cause=Cause.SCHEDULER)
+        except IllegalTransition:
+            self.regroup = ""  # it moved on (a person paused it, say): look again later
 
     def on_state(self, event: contract.StateEvent) -> None:
         """Move the job as the engine reports."""

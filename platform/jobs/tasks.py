@@ -1,49 +1,72 @@
-"""The Celery tasks: `run_job`, the supervisor of one training job, and `reap`, which finds
-lost supervisors and unsent tasks.
+"""The Celery tasks: `schedule` (placement), `run_job` (the supervisor of one job, on its lead
+host), `run_part` (a job's engine launcher on each of its other hosts) and `reap` (lost
+supervisors, unsent tasks, orphaned slots).
 
-`run_job` takes the queued job and supervises one launch of its engine (jobs.supervisor) to
-its final state or its pause; resuming queues `run_job` again (jobs.dispatch), and every launch
-after the first continues from the newest good checkpoint.
+`schedule` places queued jobs on hosts (jobs.placement) and sends each placed job's `run_job`
+to its lead host's queue. `run_job` takes the job and supervises one incarnation of its engine
+(jobs.supervisor) to its final state or its pause; resuming queues the job again
+(jobs.dispatch), and every launch after the first continues from the newest good checkpoint.
+On several hosts the lead's supervisor starts a `run_part` on each other host; every part
+beats its reservation and watches the others' (jobs.membership), so a lost host, lead or not,
+requeues the job onto the survivors.
 
 Worker loss: the task is acknowledged late and handed back if its worker process dies; the
 engine gets SIGTERM when its supervisor dies (Linux parent-death signal), so no rank trains
 unobserved. While it owns the job the supervisor beats `Job.heartbeat_at`; `reap` (Celery
 beat, every JOB_REAPER_INTERVAL_S) requeues a supervised job whose beat is older than
 JOB_HEARTBEAT_TIMEOUT_S, and the new supervisor resumes it from its newest checkpoint.
-Broker loss: `reap` also sends `run_job` again for a job queued while the broker was down.
+Broker loss: `reap` also schedules, and sends `run_job` again for a placed job whose message
+never reached the broker.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import time
 
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.dispatch import RUN_JOB, dispatch, send_run_job
-from jobs.launch import checkpoint_folder, run_dir
+from hosts.models import Host
+from jobs import placement
+from jobs.dispatch import RUN_JOB, RUN_PART, SCHEDULE, dispatch, send_run_job
+from jobs.launch import checkpoint_folder, kill_group, run_dir, start_engine
+from jobs.membership import Peers, held, incarnation_spec, lose_hosts, share
 from jobs.models import SUPERVISED, Cause, IllegalTransition, Job, State
 from jobs.supervisor import Supervisor, supervise
 
 # imported from here by the API and the tests
-__all__ = ["run_job", "reap", "dispatch", "Supervisor", "checkpoint_folder", "run_dir"]
+__all__ = ["run_job", "run_part", "schedule", "reap", "dispatch", "Supervisor",
+           "checkpoint_folder", "run_dir"]
 
 log = logging.getLogger(__name__)
 
 
+@shared_task(name=SCHEDULE)
+def schedule() -> list[int]:
+    """Place what fits now and send each placed job's supervisor to its lead host; returns the
+    ids of the jobs placed."""
+    placed = placement.schedule()
+    for job in placed:
+        send_run_job(job)
+    return [job.pk for job in placed]
+
+
 @shared_task(bind=True, name=RUN_JOB)
-def run_job(self, job_id: int) -> str:
-    """Supervise job `job_id` from launch to its final state (or its pause); returns the state."""
+def run_job(self, job_id: int, incarnation: int | None = None) -> str:
+    """Supervise job `job_id` from launch to its final state (or its pause); returns the state.
+    `incarnation`: the placement this message was sent for (a stale one is dropped)."""
     job = Job.objects.get(pk=job_id)
     if job.state in SUPERVISED and not _take_over(job):
         return job.state
     job.refresh_from_db()
-    if job.state != State.QUEUED:
-        return job.state  # cancelled while it waited in the queue
+    if job.state != State.QUEUED or incarnation not in (None, job.incarnation):
+        return job.state  # cancelled while it waited in the queue, or placed anew since
     me = f"{socket.gethostname()}/{os.getpid()}/{self.request.id or 'direct'}"
     try:
         job.start(supervisor=me)
@@ -51,6 +74,36 @@ def run_job(self, job_id: int) -> str:
         return job.state  # another supervisor took it first
     supervise(job, me)
     return job.state
+
+
+@shared_task(name=RUN_PART)
+def run_part(job_id: int, incarnation: int, node_rank: int, endpoint: str) -> str:
+    """Run this host's engine launcher for one incarnation of a job on several hosts, beating
+    its reservation, until the engine exits or the incarnation ends (the job finished, was
+    requeued, or a peer was lost)."""
+    job = Job.objects.get(pk=job_id)
+    peers = Peers(job, incarnation, node_rank)
+    if not (peers.current() and peers.beat()):
+        return "stale"
+    hosts_now = len(held(job, incarnation))
+    proc = start_engine(job, incarnation_spec(job, hosts_now),
+                        share(job, incarnation, node_rank, endpoint))
+    log.info("job %s: part %s of incarnation %s started, pid %s", job_id, node_rank,
+             incarnation, proc.pid)
+    try:
+        # watched to the incarnation's end, not the engine's: ranks that fail because the
+        # lead's host (and the rendezvous store) went down leave this part to say it was lost
+        while True:
+            time.sleep(settings.PART_BEAT_S)
+            lost = peers.silent()
+            if not (peers.beat() and peers.current()) or (lost and lose_hosts(
+                    job, incarnation, lost, f"host(s) {', '.join(lost)} stopped beating")):
+                break
+    finally:
+        if proc.poll() is None:
+            kill_group(proc, signal.SIGKILL)
+        proc.wait()
+    return f"exit {proc.returncode}"
 
 
 def _take_over(job: Job) -> bool:
@@ -68,17 +121,16 @@ def _take_over(job: Job) -> bool:
 
 @shared_task(name="jobs.tasks.reap")
 def reap() -> list[int]:
-    """Requeue every supervised job whose supervisor stopped beating, and send `run_job` again
-    for every job whose message never reached the broker; returns the ids of both."""
+    """Requeue every supervised job whose supervisor stopped beating, send `run_job` again for
+    every placed job whose message never reached the broker, release slots no live job holds,
+    and schedule; returns the ids of the jobs requeued or sent."""
     requeued = []
-    for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):
-        log.warning("job %s: queued at %s but its run_job message was not sent; sending it",
-                    job.pk, job.undispatched_since.isoformat())
-        send_run_job(job.pk)
-        requeued.append(job.pk)
     for job in Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S):
         beat = job.heartbeat_at.isoformat() if job.heartbeat_at else "never"
         with transaction.atomic():
+            # its lead host is passed over until it beats again: a live host does within
+            # HOST_BEAT_S, a lost one never, so the job is not placed back onto it
+            Host.objects.filter(reservations__in=job.placement[:1]).update(lost_at=timezone.now())
             try:
                 job.requeue(Cause.WORKER_LOSS, f"its supervisor ({job.supervisor or 'unknown'}) "
                             f"stopped beating (last beat {beat}, now "
@@ -88,4 +140,11 @@ def reap() -> list[int]:
             dispatch(job)
         requeued.append(job.pk)
         log.warning("job %s: supervisor lost, requeued", job.pk)
+    placement.release_orphans()
+    requeued += schedule()
+    for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):
+        log.warning("job %s: queued at %s but its run_job message was not sent; sending it",
+                    job.pk, job.undispatched_since.isoformat())
+        send_run_job(job)
+        requeued.append(job.pk)
     return requeued

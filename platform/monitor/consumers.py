@@ -2,15 +2,16 @@
 
 `/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
 `last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
-min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions` and
-`checkpoints` events), then the engine's events as published (`step`, `ops`, `experts`,
-`anomaly`, `action`, `checkpoint`, `state`, `log`), in sequence order, and `{"type": "job",
-...}` when the platform moves the job's state. A client reconnecting with `?after=<seq>` gets,
-instead of the snapshot, exactly the stored events after that sequence number, then the live
-ones. The consumer joins the job's group before reading the database and drops live events it
-already sent, so nothing falls between the two; if live events were dropped on the way (the
-channel layer sheds messages for a client too slow to take them), the gap is read back from
-the database before the next event is sent, so a slow client loses nothing and slows no one.
+min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions`,
+`checkpoints` and `memberships` events), then the events as published (`step`, `ops`,
+`experts`, `anomaly`, `action`, `checkpoint`, `membership`, `state`, `log`), in sequence
+order, and `{"type": "job", ...}` when the platform moves the job's state. A client
+reconnecting with `?after=<seq>` gets, instead of the snapshot, exactly the stored events
+after that sequence number, then the live ones. The consumer joins the job's group before
+reading the database and drops live events it already sent, so nothing falls between the
+two; if live events were dropped on the way (the channel layer sheds messages for a client too
+slow to take them), the gap is read back from the database before the next event is sent,
+so a slow client loses nothing and slows no one.
 
 The snapshot also holds `ops_history` and `experts_history`: the newest 300 steps' `ops` and
 `experts` events, as the job page keeps them (per-rank op times only in the last 10).
@@ -48,7 +49,7 @@ CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 SNAPSHOT_POINTS = 600  # per series: enough to draw, small enough to send at once
-SNAPSHOT_FEED = 500  # newest anomalies, actions and checkpoints each
+SNAPSHOT_FEED = 500  # newest anomalies, actions, checkpoints and memberships each
 # the op and expert charts' steps (the page keeps as many); per-rank times for the heatmap's
 SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
@@ -242,6 +243,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                 "anomalies": newest("anomaly"),
                 "actions": newest("action"),
                 "checkpoints": newest("checkpoint"),
+                "memberships": newest("membership"),
             }
 
 

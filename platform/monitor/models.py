@@ -14,10 +14,12 @@ by step or by kind are also stored in a typed form:
   with the fields the markers and feeds filter on as columns.
 """
 
-from pathlib import Path
+from __future__ import annotations
 
 import orjson
 from django.db import models
+
+from engine.checkpoint.layout import present
 
 
 def json_text(value) -> str:
@@ -165,9 +167,10 @@ class Checkpoint(models.Model):
 
     @property
     def available(self) -> bool:
-        """Still on disk (or in the memory tier): the engine's retention (checkpoint.keep)
-        deletes old ones, and their rows stay as the job's history."""
-        return Path(self.path).exists()
+        """Still stored (its manifest is there: on disk, in the memory tier or in an object
+        store): the engine's retention (checkpoint.keep) deletes old ones, and their rows stay
+        as the job's history."""
+        return present(self.path)
 
     class Meta:
         ordering = ["job", "seq"]

@@ -10,10 +10,20 @@ NUM_PROXIES   proxies of your own in front of the web server, whose X-Forwarded-
               trusted for the client address (default 0)
 THROTTLE_LOGIN  password guesses per client address (default 20/minute)
 (WEB_PROCESSES, PORT and HOST are read by `manage.py serve` and `manage.py web`.)
+
+A worker host (`manage.py worker`, hosts.registry):
+RINGSIDE_HOST_NAME     its name (default: the machine's hostname); one live worker per name
+RINGSIDE_HOST_ADDRESS  where its peers reach it (default: the address of the interface that
+                       reaches Redis)
+WORKER_SLOTS           ranks it runs at once on CPU (default: the core count, at least 8); a
+                       GPU host has one slot per GPU
+WORKER_LABELS          k=v,k=v
+HOST_BEAT_S            its beat (default 5 s); HOST_LOST_AFTER_S: lost without one (30 s)
 """
 
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -27,6 +37,15 @@ RUNS_DIR = Path(os.environ.get("RUNS_DIR", REPO_ROOT / "runs")).resolve()
 
 def _env_flag(name: str, default: bool = False) -> bool:
     return os.environ.get(name, str(default)).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _labels(text: str) -> dict[str, str]:
+    """WORKER_LABELS: `k=v,k=v` (empty: none)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if "=" not in item or not item.split("=", 1)[0].strip()]
+    if bad:
+        raise ValueError(f"WORKER_LABELS: expected k=v,k=v, got {', '.join(bad)!r}")
+    return {k.strip(): v.strip() for k, v in (item.split("=", 1) for item in items)}
 
 
 def _secret_key() -> str:
@@ -65,6 +84,7 @@ INSTALLED_APPS = [
     "ringside",
     "jobs",
     "monitor",
+    "hosts",
 ]
 
 MIDDLEWARE = [
@@ -158,6 +178,31 @@ JOB_REAPER_INTERVAL_S = float(os.environ.get("JOB_REAPER_INTERVAL_S", "10"))
 # How long a warm pause (`pause` with `{"mode": "warm"}`) keeps the ranks and the worker's
 # slots before it turns cold (checkpoint, stop); a pause's own `max_s` overrides it.
 JOB_WARM_PAUSE_MAX_S = float(os.environ.get("JOB_WARM_PAUSE_MAX_S", "600"))
+# The host registry (hosts app): a worker beats its Host row every HOST_BEAT_S; a host without
+# a beat for HOST_LOST_AFTER_S is lost (no placements; its jobs move).
+HOST_BEAT_S = float(os.environ.get("HOST_BEAT_S", "5"))
+HOST_LOST_AFTER_S = float(os.environ.get("HOST_LOST_AFTER_S", "30"))
+RINGSIDE_HOST_NAME = os.environ.get("RINGSIDE_HOST_NAME") or socket.gethostname()
+# empty: hosts.registry.host_address() finds the interface that reaches Redis, when a worker
+# starts (not here: every web process would resolve the Redis host at import)
+RINGSIDE_HOST_ADDRESS = os.environ.get("RINGSIDE_HOST_ADDRESS", "")
+WORKER_SLOTS = int(os.environ["WORKER_SLOTS"]) if os.environ.get("WORKER_SLOTS") else None
+WORKER_LABELS = _labels(os.environ.get("WORKER_LABELS", ""))
+# Each host's part of a job on several hosts beats its reservation every PART_BEAT_S and
+# watches the others': one silent for PART_SILENT_AFTER_S, or that never beat within
+# PART_START_TIMEOUT_S of the launch, is a lost host and the job moves to the others
+# (jobs.membership).
+PART_BEAT_S = float(os.environ.get("PART_BEAT_S", "1"))
+PART_SILENT_AFTER_S = float(os.environ.get("PART_SILENT_AFTER_S", "5"))
+PART_START_TIMEOUT_S = float(os.environ.get("PART_START_TIMEOUT_S", "60"))
+
+# Placement (jobs.placement): a waiting job's effective priority grows by one every
+# SCHEDULER_AGING_S seconds it waits, so that none starves behind higher priorities
+SCHEDULER_AGING_S = float(os.environ.get("SCHEDULER_AGING_S", "300"))
+# A placed job whose supervisor has not started it within this long loses its reservations
+# (jobs.placement.release_orphans) and is placed again
+JOB_PLACEMENT_START_TIMEOUT_S = float(os.environ.get("JOB_PLACEMENT_START_TIMEOUT_S", "60"))
+
 CELERY_BEAT_SCHEDULE = {
     "reap-lost-supervisors": {"task": "jobs.tasks.reap", "schedule": JOB_REAPER_INTERVAL_S,
                               "options": {"expires": JOB_REAPER_INTERVAL_S}},

@@ -4,6 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from hosts.api import HostViewSet
+from hosts.views import hosts_page
 from jobs import views
 from jobs.api import (
     ApiTokenViewSet,
@@ -21,12 +23,14 @@ router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("hosts", HostViewSet, basename="host")
 
 urlpatterns = [
     path("", views.job_list, name="home"),
     path("jobs/new/", views.job_new, name="new-job"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-page"),
     path("compare/", views.compare, name="compare"),
+    path("hosts/", hosts_page, name="hosts"),
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -103,3 +103,61 @@ def test_a_failing_rank_stops_the_others_and_teardown_leaves_nothing():
 def test_run_without_a_cluster_says_so():
     with pytest.raises(RuntimeError, match="no emulated cluster is up"):
         cluster.run(["true"])
+
+
+# -- hosts mode ------------------------------------------------------------------------------
+
+SERVE_ONCE = ("import socket, sys; s = socket.create_server((sys.argv[1], 7777)); "
+              "c, peer = s.accept(); c.sendall(peer[0].encode()); c.close()")
+ASK = ("import socket, sys; print(socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+       "timeout=3).recv(100).decode())")
+
+
+def in_host(host: int, code: str, *args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen(cluster.host_command(host, [sys.executable, "-c", code, *args]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_hosts_spec_rejects_bad_values_by_name():
+    with pytest.raises(ValueError, match="hosts must be in 1..250.*subnet must be in"):
+        cluster.HostsSpec(hosts=0, subnet=3)
+    with pytest.raises(ValueError, match="forward: ports must be in"):
+        cluster.HostsSpec(forward=(0,))
+
+
+@needs_root
+def test_hosts_reach_each_other_and_the_roots_loopback_services_through_the_root_namespace():
+    forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text()
+    service = subprocess.Popen([sys.executable, "-c", SERVE_ONCE, "127.0.0.1"])
+    spec = cluster.HostsSpec(hosts=2, inter_gbit=0.5, subnet=251, forward=(7777,))
+    try:
+        assert cluster.up_hosts(spec) == spec and cluster.current_hosts() == spec
+        qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "rstest-h1"], capture_output=True,
+                               text=True, check=True).stdout
+        assert "tbf" in qdisc and "rate 500Mbit" in qdisc
+        # a service on the root's 127.0.0.1, reached at the host's gateway (the forwarder)
+        ask = in_host(1, ASK, spec.gateway(1), "7777")
+        assert ask.communicate(timeout=30)[0].strip() == "127.0.0.1", ask.stderr
+        # host 0 to host 1, through the root namespace, from host 0's own address
+        server = in_host(1, SERVE_ONCE, spec.address(1))
+        time.sleep(1.0)
+        ask = in_host(0, ASK, spec.address(1), "7777")
+        assert ask.communicate(timeout=30)[0].strip() == spec.address(0)
+        server.wait(10)
+        # a cut link reaches nothing; restored, it does again
+        cluster.cut(0)
+        ask = in_host(0, ASK, spec.gateway(0), "7777")
+        assert ask.wait(30) != 0
+        cluster.restore(0)
+        server = in_host(1, SERVE_ONCE, spec.address(1))
+        time.sleep(1.0)
+        assert in_host(0, ASK, spec.address(1), "7777").communicate(timeout=30)[0].strip()
+        server.wait(10)
+        # forwarding is on for the hosts' veths only
+        assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forwarding
+    finally:
+        service.kill()
+        cluster.down()
+    assert cluster.namespaces() == [] and cluster.current_hosts() is None
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert "rstest-h" not in links

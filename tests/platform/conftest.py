@@ -3,6 +3,8 @@
 import pytest
 from channels.layers import channel_layers
 
+from tests.platform.cluster import host_cluster  # noqa: F401 (a fixture for every platform test)
+
 
 @pytest.fixture(autouse=True)
 def _services(_platform_settings):

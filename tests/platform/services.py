@@ -17,15 +17,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 
+from engine.checkpoint.layout import MANIFEST
 from engine.ports import free_port
 from ringside.services import (
+    REPO_ROOT,
     child_env,
-    python_module,
     stop_process_group,
     wait_for_port,
     web_processes,
@@ -106,17 +109,38 @@ def service_env(_platform_settings, django_db_setup, django_db_blocker) -> dict[
     )
 
 
+# the session worker's host, listed once a test started it
+WORKER_HOST = f"test-{os.getpid()}"
+WORKER_STARTED: list[str] = []
+
+
+@pytest.fixture
+def session_worker_host_drained(eventually):
+    """For a test that makes hosts of its own: the session worker's host (if a test started
+    it) drained, so that placement sees only the test's hosts. A transactional test's flush
+    removed its row, which its next beat (within a second) puts back: waited for first."""
+    from hosts.models import Host
+
+    for name in WORKER_STARTED:
+        deadline = time.monotonic() + 3
+        while not Host.objects.filter(name=name).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        Host.objects.filter(name=name).update(drained=True)
+
+
 @pytest.fixture(scope="session")
 def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.Popen:
-    """A real Celery worker (prefork, 2 processes) on the session's queue."""
+    """A real worker host (`manage.py worker`: registers host `test-<pid>`, beats it, and runs
+    a prefork Celery worker of 2 processes) on the session's queue and the host's own."""
     log = tmp_path_factory.mktemp("worker") / "worker.log"
+    # a beat a second: a transactional test's flush deletes the host's row, and its next beat
+    # registers it again (hosts.registry.beat), before the next test places a job
+    env = {**service_env, "RINGSIDE_HOST_NAME": WORKER_HOST, "HOST_BEAT_S": "1"}
+    WORKER_STARTED.append(WORKER_HOST)
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            python_module("celery", "-A", "ringside", "worker", "--loglevel", "INFO",
-                          "--queues", service_env["CELERY_QUEUE"], "--concurrency", "2",
-                          "--without-mingle", "--without-gossip", "--hostname",
-                          f"test-{os.getpid()}@%h"),
-            env=service_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     proc.log_path = log
     yield proc
     stop_process_group(proc, grace_s=15)
@@ -178,11 +202,22 @@ def eventually():
     return _eventually
 
 
-def _eventually(predicate, timeout: float, message: str = "", interval: float = 0.2) -> None:
+def _eventually(predicate, timeout: float, message: str | Callable[[], str] = "",
+                interval: float = 0.2) -> None:
+    """`message` may be a function: what it says is read when the wait has failed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s: {message}")
+    raise AssertionError(f"timed out after {timeout:.0f} s: "
+                         f"{message() if callable(message) else message}")
 
+
+
+def stored_checkpoint(folder: Path) -> str:
+    """A checkpoint folder as the platform finds a stored one (its manifest is there; what the
+    manifest says is not read here); returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text("{}")
+    return str(folder)

@@ -22,7 +22,7 @@ const WAITING = "waiting for the engine…";
 // an abandoned checkpoint the engine deleted: listed as history, no rollback target
 const gone = (c) => c.branch === "abandoned" && c.available === false;
 // the job's states on its way back to running after a resume or reshard
-const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm"]);
+const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm", "waiting_for_hosts"]);
 
 // a `set` action's changes: "train.lr 0.002 → 0.0005"
 const changesText = (changes) => Object.entries(changes ?? {})

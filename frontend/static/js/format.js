@@ -58,3 +58,13 @@ export function errorText(data, status) {
     `${field}: ${Array.isArray(msg) ? msg.join(" ") : typeof msg === "object" ? JSON.stringify(msg) : msg}`);
   return parts.join("; ") || `the server answered ${status}`;
 }
+
+// Where a job runs (its hosts, lead first, with the slots it holds on each), or why it waits
+// for them; "" when neither applies (a finished job holds no hosts).
+export function where(job, slots = false) {
+  if (job.placement?.length) {
+    return `on ${job.placement.map((p) => (slots ? `${p.host} [slots ${p.slots.join(", ")}]` : p.host))
+      .join(", ")}`;
+  }
+  return job.waiting_reason ?? "";
+}

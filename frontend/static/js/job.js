@@ -2,7 +2,7 @@
 // dropped connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
 import { api } from "./api.js";
 import { Controls } from "./controls.js";
-import { duration, el, num, rows } from "./format.js";
+import { duration, el, num, rows, where } from "./format.js";
 import { MetricCharts } from "./metrics.js";
 import { Telemetry } from "./telemetry.js";
 
@@ -16,7 +16,7 @@ const $ = (id) => document.getElementById(id);
 
 let state = $("state").dataset.state;
 // a warm pause is its own state (the ranks idle in memory, the worker held)
-const STATE_LABEL = { paused_warm: "paused (warm)" };
+const STATE_LABEL = { paused_warm: "paused (warm)", waiting_for_hosts: "waiting for hosts" };
 let lastSeq = null; // newest event received; null until the snapshot
 let startedAt = root.dataset.startedAt ? Date.parse(root.dataset.startedAt) : null;
 let finishedAt = root.dataset.finishedAt ? Date.parse(root.dataset.finishedAt) : null;
@@ -24,7 +24,7 @@ let step = Number($("step").textContent);
 const rate = []; // [engine time (s), step] of recent step events, for the ETA
 
 // What the markers and the feed show, each list in sequence order, unique by seq.
-const marks = { anomalies: [], actions: [], checkpoints: [] };
+const marks = { anomalies: [], actions: [], checkpoints: [], memberships: [] };
 function remember(kind, event) {
   const list = marks[kind];
   if (event.seq !== undefined && list.some((e) => e.seq === event.seq)) return false;
@@ -114,6 +114,7 @@ async function loadDetail() {
   startedAt = data.started_at ? Date.parse(data.started_at) : startedAt;
   finishedAt = data.finished_at ? Date.parse(data.finished_at) : finishedAt;
   transitions = data.transitions ?? [];
+  $("where").textContent = where(data, true);
   showHistory();
 }
 
@@ -148,13 +149,17 @@ async function showCommands() {
 }
 
 function feedItem(kind, e) {
-  const text = kind === "anomaly"
-    ? [`${e.kind} (${e.severity})`, e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
-       Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")]
-    : [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
-       e.reason ?? "", e.error ?? ""];
-  return el("li", { class: `feed-${kind}`,
-                    dataset: { kind: kind === "anomaly" ? e.kind : e.action, step: e.step, seq: e.seq } },
+  const text = {
+    anomaly: () => [`${e.kind} (${e.severity})`,
+                    e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
+                    Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")],
+    action: () => [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
+                   e.reason ?? "", e.error ?? ""],
+    membership: () => [`hosts ${e.hosts_before.join(", ")} → ${e.hosts_after.join(", ")}`,
+                       `${e.world_size} ranks`, e.reason],
+  }[kind]();
+  const tag = { anomaly: e.kind, action: e.action, membership: "membership" }[kind];
+  return el("li", { class: `feed-${kind}`, dataset: { kind: tag, step: e.step, seq: e.seq } },
     el("span", { class: "feed-step" }, `step ${e.step}`), " ",
     el("span", { class: `tag tag-${kind}` }, kind), " ", text.filter(Boolean).join(" · "));
 }
@@ -186,7 +191,8 @@ function onStep(event) {
 
 // `live`: an event as it happens, not one of the snapshot's (whose series are current).
 function onMark(kind, event, live = true) {
-  const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints" }[kind];
+  const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints",
+                membership: "memberships" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
   if (live) charts.redrawMarkers(); // the snapshot's are drawn with its series, once
@@ -208,6 +214,7 @@ function onSnapshot(message) {
   $("feed").replaceChildren(el("li", { class: "empty muted" }, "No anomaly or action yet."));
   for (const e of message.anomalies ?? []) onMark("anomaly", e, false);
   for (const e of message.actions ?? []) onMark("action", e, false);
+  for (const e of message.memberships ?? []) onMark("membership", e, false);
   for (const e of message.checkpoints ?? []) remember("checkpoints", e);
   charts.load(message.series);
   telemetry.addOps(message.ops_history ?? []);
@@ -236,7 +243,9 @@ function onMessage(message) {
     case "step": onStep(message); break;
     case "ops": telemetry.addOps(message); break;
     case "experts": telemetry.addExperts(message); break;
-    case "anomaly": case "action": case "checkpoint": onMark(message.type, message); break;
+    case "anomaly": case "action": case "checkpoint": case "membership":
+      onMark(message.type, message);
+      break;
     case "job":
       showState(message.state, message.error);
       loadDetail();

@@ -4,7 +4,7 @@
 // filtered list can be shared as a link. State changes arrive over `/ws/jobs/` and update the
 // rows in place; a job not on the page (launched elsewhere) brings the page up to date.
 import { api } from "./api.js";
-import { duration, el, errorText, num, rows } from "./format.js";
+import { duration, el, errorText, num, rows, where } from "./format.js";
 
 const PAGE = 25;
 const FILTERS = ["name", "state", "tag", "owner"];
@@ -29,7 +29,9 @@ function showState(tr, job) {
   const share = job.total_steps ? Math.min(1, job.step / job.total_steps) : 0;
   tr.querySelector(".progress > div").style.width = `${(share * 100).toFixed(1)}%`;
   tr.querySelector(".step").textContent = `${job.step} / ${job.total_steps}`;
+  tr.querySelector(".where").textContent = where(job);
 }
+
 
 function elapsed(job) {
   if (!job.started_at) return "–";
@@ -50,7 +52,7 @@ function row(job) {
     el("td", {}, job.id),
     el("td", { class: "name" }, el("a", { href: `/jobs/${job.id}/` }, job.name),
       el("div", { class: "note muted" }, job.note)),
-    el("td", {}, el("span", { class: "state" })),
+    el("td", {}, el("span", { class: "state" }), el("div", { class: "where muted" })),
     el("td", { class: "progress-cell" }, el("div", { class: "progress" }, el("div")),
       el("span", { class: "step muted" })),
     el("td", { class: "loss num" }, "–"),
@@ -153,6 +155,15 @@ function onJob(message) {
   shown.set(message.job, job);
   showState(tr, job);
   lastValues(tr, job);
+  refreshWhere(tr, message.job);
+}
+
+// A state change may come with new hosts (placed, lost a host, grew back): read them again.
+async function refreshWhere(tr, id) {
+  const { ok, data } = await api(`/api/jobs/${id}/`);
+  if (!ok) return;
+  shown.set(id, { ...shown.get(id), placement: data.placement, waiting_reason: data.waiting_reason });
+  tr.querySelector(".where").textContent = where(shown.get(id));
 }
 
 let retry = 500;

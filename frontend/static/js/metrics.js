@@ -20,6 +20,14 @@ const MARKERS = {
   anomalies: { color: "#dc2626", symbol: "x", size: 11 },
   actions: { color: "#d97706", symbol: "triangle-up", size: 10 },
   checkpoints: { color: "#059669", symbol: "diamond", size: 9 },
+  memberships: { color: "#475569", symbol: "square", size: 10 },
+};
+
+const MARKER_LABEL = {
+  anomalies: (e) => `anomaly ${e.kind}`,
+  actions: (e) => `action ${e.action}`,
+  checkpoints: () => "checkpoint",
+  memberships: (e) => `hosts ${e.hosts_before.join(", ")} → ${e.hosts_after.join(", ")}`,
 };
 
 // One chart per entry; `names` are the stored series it draws (the first is the main one).
@@ -240,8 +248,7 @@ export class MetricCharts {
       return {
         name: kind, mode: "markers", type: "scatter",
         x: this.xOf(items.map((e) => e.step)), y: items.map((e) => y(e.step)),
-        text: items.map((e) => hoverText(kind === "actions" ? `action ${e.action}`
-          : kind === "anomalies" ? `anomaly ${e.kind}` : "checkpoint", e)),
+        text: items.map((e) => hoverText(MARKER_LABEL[kind](e), e)),
         hovertemplate: "%{text}<extra></extra>",
         marker: { color: style.color, symbol: style.symbol, size: style.size,
                   line: { width: 1, color: "#fff" } },

@@ -60,7 +60,9 @@ def crash_at(step: int) -> None:
 
 
 def test_crash_exits_the_process_at_its_step():
-    ctx = multiprocessing.get_context("fork")
+    # spawned, not forked: the test process may hold threads of earlier tests (the platform's
+    # channel layer, the ingest's pool), and a fork copies their locks held, hanging the child
+    ctx = multiprocessing.get_context("spawn")
     survivor, crasher = ctx.Process(target=crash_at, args=(1,)), ctx.Process(
         target=crash_at, args=(3,))
     for p in (survivor, crasher):

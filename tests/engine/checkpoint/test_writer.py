@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.checkpoint.writer as writer
 from engine.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -22,6 +21,7 @@ from engine.checkpoint import (
     open_checkpoint,
     pin,
     read_extras,
+    store,
     unpin,
 )
 from engine.contract import memory_dir
@@ -40,14 +40,14 @@ def steps_in(directory: Path) -> list[int]:
 
 def test_persisting_runs_on_the_background_thread_and_wait_flushes(tmp_path, monkeypatch):
     release, writers = threading.Event(), []
-    real_write = writer.write_atomic
+    real_write = store.write
 
     def gated_write(path, chunks, tmp_tag):
         writers.append(threading.current_thread().name)
         release.wait(timeout=30)
         real_write(path, chunks, tmp_tag)
 
-    monkeypatch.setattr(writer, "write_atomic", gated_write)
+    monkeypatch.setattr(store, "write", gated_write)
     ckpt = Checkpointer(tmp_path, memory_dir=None)
     ckpt.save(1, state(1.0))  # returns although the writer is held
     assert ckpt.pending == 1 and steps_in(tmp_path) == []

@@ -224,6 +224,13 @@ def test_reshard_to_an_invalid_layout_is_refused_naming_the_field():
     assert checkpoints.calls == []
 
 
+def test_reshard_is_refused_to_move_the_job_to_other_hosts():
+    h, checkpoints, _ = handler()
+    with pytest.raises(CommandRefused, match=r"parallel.hosts says where the job runs"):
+        h.act(command("reshard", hosts=2, nodes=2))
+    assert checkpoints.calls == []
+
+
 def test_reshard_is_refused_unless_the_micro_batch_divides_over_the_new_ranks():
     h, checkpoints, _ = handler()
     with pytest.raises(CommandRefused, match=r"global micro-batch \(2 x 2 sequences\)"):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.spec import SPEC_BOUNDS, SpecError, parse_spec, with_layout
+from engine.runtime.spec import SPEC_BOUNDS, SpecError, layout_on_hosts, parse_spec, with_layout
 
 
 def errors_of(data) -> dict[str, str]:
@@ -133,3 +133,77 @@ def test_a_value_past_its_bound_is_refused_naming_the_field(path, most):
         node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
     node[last] = most + 1
     assert errors_of(data)[field] == f"must be at most {most}"
+
+
+def test_hosts_default_to_one_and_the_fewest_hosts_to_all_of_them():
+    assert (parse_spec({"name": "x"}).parallel.hosts, parse_spec({"name": "x"}).parallel.min_hosts,
+            parse_spec({"name": "x"}).parallel.scale_up) == (1, 1, True)
+    p = parse_spec({"name": "x", "parallel": {"nodes": 4, "hosts": 2}}).parallel
+    assert (p.hosts, p.min_hosts) == (2, 2)
+    p = parse_spec({"name": "x", "parallel": {"nodes": 4, "hosts": 2, "min_hosts": 1,
+                                              "scale_up": False}}).parallel
+    assert (p.hosts, p.min_hosts, p.scale_up) == (2, 1, False)
+    assert parse_spec(parse_spec({"name": "x", "parallel": {"nodes": 2, "hosts": 2}}).to_dict()
+                      ).parallel.min_hosts == 2
+
+
+@pytest.mark.parametrize("parallel, field, message", [
+    ({"nodes": 3, "hosts": 2}, "parallel.hosts", "must divide parallel.nodes (3)"),
+    ({"hosts": 0}, "parallel.hosts", "must be at least 1"),
+    ({"hosts": 2000}, "parallel.hosts", "must be at most 1024"),
+    ({"hosts": 1.5}, "parallel.hosts", "must be an integer"),
+    ({"nodes": 2, "hosts": 2, "min_hosts": 3}, "parallel.min_hosts", "must be between 1 and"),
+    ({"nodes": 2, "hosts": 2, "min_hosts": 0}, "parallel.min_hosts", "must be between 1 and"),
+    ({"min_hosts": "one"}, "parallel.min_hosts", "must be an integer"),
+    ({"scale_up": "yes"}, "parallel.scale_up", "must be true or false"),
+])
+def test_bad_hosts_are_named(parallel, field, message):
+    errors = errors_of({"name": "x", "parallel": parallel})
+    assert list(errors) == [field] and message in errors[field]
+
+
+def two_hosts(micro_batch: int, grad_accum: int, **parallel) -> dict:
+    return {"name": "x", "parallel": {"nodes": 4, "procs_per_node": 2, "hosts": 2, **parallel},
+            "train": {"micro_batch": micro_batch, "grad_accum": grad_accum},
+            "faults": {"inject": [{"kind": "nan", "step": 3, "rank": 5}]}}
+
+
+def global_batch(data: dict) -> int:
+    spec = parse_spec(data)
+    return spec.train.micro_batch * spec.train.grad_accum * spec.parallel.world_size
+
+
+def test_on_fewer_hosts_the_global_batch_is_kept_by_more_accumulation():
+    laid = layout_on_hosts(two_hosts(micro_batch=4, grad_accum=1, min_hosts=1), 1)
+    spec = parse_spec(laid)
+    assert (spec.parallel.nodes, spec.parallel.procs_per_node) == (2, 2)
+    assert (spec.parallel.hosts, spec.parallel.min_hosts) == (1, 1)
+    assert (spec.train.micro_batch, spec.train.grad_accum) == (4, 2)
+    assert global_batch(laid) == global_batch(two_hosts(4, 1))
+    assert laid["faults"]["inject"] == []  # rank 5 is not part of the smaller job
+    # laid out again, it is the job it came from
+    back = parse_spec(layout_on_hosts(laid, 2))
+    assert (back.parallel.nodes, back.train.micro_batch, back.train.grad_accum) == (4, 4, 1)
+
+
+def test_on_more_hosts_the_micro_batch_shrinks_when_accumulation_cannot():
+    spec = parse_spec(layout_on_hosts(two_hosts(micro_batch=4, grad_accum=1), 4))
+    assert (spec.parallel.nodes, spec.parallel.hosts, spec.parallel.min_hosts) == (8, 4, 2)
+    assert (spec.train.micro_batch, spec.train.grad_accum) == (2, 1)
+    # 6 sequences a rank on 2 of 3 hosts: micro-batches of 3 (the largest under 4), twice
+    three = {"name": "x", "parallel": {"nodes": 3, "hosts": 3}, "train": {"micro_batch": 4}}
+    spec = parse_spec(layout_on_hosts(three, 2))
+    assert (spec.parallel.nodes, spec.train.micro_batch, spec.train.grad_accum) == (2, 3, 2)
+
+
+@pytest.mark.parametrize("data, hosts, field, message", [
+    (two_hosts(micro_batch=1, grad_accum=1), 3, "parallel.hosts",
+     "the global batch (8 sequences) does not divide over the 12 ranks of 3 hosts"),
+    (two_hosts(micro_batch=1, grad_accum=1), 0, "parallel.hosts", "must be a positive integer"),
+    (two_hosts(micro_batch=1, grad_accum=1024), 1, "train.grad_accum", "must be at most 1024"),
+])
+def test_a_layout_that_cannot_keep_the_global_batch_is_refused_naming_the_field(
+        data, hosts, field, message):
+    with pytest.raises(SpecError) as info:
+        layout_on_hosts(data, hosts)
+    assert message in info.value.errors[field]

@@ -23,7 +23,7 @@ def tiny_spec(name: str, steps: int, ranks: int, micro_batch: int, **train) -> d
         "name": name,
         "model": {"preset": "tiny"},
         "parallel": {"nodes": 1, "procs_per_node": ranks},
-        "train": {"steps": steps, "micro_batch": micro_batch, "seq_len": 128, "lr": 2e-3,
+        "train": {"steps": steps, "micro_batch": micro_batch, "seq_len": 64, "lr": 2e-3,
                   "warmup": 10, "eval_every": 0, "threads": 1, **train},
         "checkpoint": {"every": 0},
     }
@@ -50,12 +50,14 @@ def test_the_learning_rate_warms_up_then_decays():
 
 
 def test_tiny_loss_falls_on_one_and_two_ranks_and_the_ranks_agree(tmp_path):
-    one = run(tmp_path, tiny_spec("one", steps=40, ranks=1, micro_batch=4))
-    two = run(tmp_path, tiny_spec("two", steps=40, ranks=2, micro_batch=2))
+    # after 30 steps (10 of warmup) the last ten average 0.65 of the first five (CPU: the same
+    # every run), under the 0.75 bar
+    one = run(tmp_path, tiny_spec("one", steps=30, ranks=1, micro_batch=4))
+    two = run(tmp_path, tiny_spec("two", steps=30, ranks=2, micro_batch=2))
 
     for events in (one, two):
         curve = losses(events)
-        assert len(curve) == 40
+        assert len(curve) == 30
         assert sum(curve[-10:]) / 10 < 0.75 * sum(curve[:5]) / 5
         states = [e["state"] for e in events if e["type"] == "state"]
         assert states == ["starting", "running", "completed"]

@@ -13,6 +13,7 @@ from jobs.api import JobViewSet
 from jobs.models import Job, State
 from monitor.ingest import store_events
 from monitor.models import Checkpoint
+from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -187,8 +188,8 @@ def test_the_command_rules_are_the_engine_contracts_in_lifecycle_order(api):
     assert rules["resume"] == {"allowed_in": ["paused", "paused_warm"], "moves_to": "queued"}
     assert rules["checkpoint"] == {"allowed_in": ["running"], "moves_to": None}
     assert rules["cancel"] == {"allowed_in": ["queued", "starting", "running", "pausing",
-                                              "paused", "paused_warm", "rolling_back",
-                                              "resharding", "completing"],
+                                              "paused", "paused_warm", "waiting_for_hosts",
+                                              "rolling_back", "resharding", "completing"],
                                "moves_to": "cancelled"}
     assert {kind: (set(rule["allowed_in"]), rule["moves_to"]) for kind, rule in rules.items()} \
         == {str(kind): (set(rule.allowed_in), rule.moves_to)
@@ -215,9 +216,8 @@ def test_each_steering_action_is_a_method_of_the_viewset_under_its_own_name(kind
 def checkpointed(user, small_spec, tmp_path) -> Job:
     job = Job.objects.create(name="orig", owner=user, spec=small_spec)
     for seq, tier in [(1, "disk"), (2, "memory")]:
-        (tmp_path / f"step-{seq}").mkdir()
         Checkpoint.objects.create(job=job, seq=seq, step=seq, time=0.0, tier=tier,
-                                  path=str(tmp_path / f"step-{seq}"))
+                                  path=stored_checkpoint(tmp_path / f"step-{seq}"))
     return job
 
 

@@ -21,12 +21,14 @@ from bench.worker_loss import (
     Processes,
     lose_machine,
     steady_spec,
+    submit,
     supervising,
     trained_past_a_checkpoint,
 )
 from engine.checkpoint import find_latest_good
 from engine.ports import free_port
 from engine.runtime.events import read_events
+from hosts.models import Host
 from jobs.models import Cause, Job, State
 from jobs.tasks import checkpoint_folder, run_dir, run_job
 from monitor.models import Event, MetricPoint
@@ -49,6 +51,15 @@ def parts(service_env, tmp_path):
     started = Processes({**service_env, **FAST_REAPER, "CELERY_QUEUE": queue}, tmp_path)
     yield started
     started.stop_all()
+
+
+def place_only_on(names: list[str], eventually) -> None:
+    """Once the test's worker hosts are up, drain every other (the session's worker host,
+    which beats every second, is back from the last test's flush by then): no job of this test
+    is placed elsewhere."""
+    eventually(lambda: set(names) <= set(Host.objects.up().values_list("name", flat=True)), 60,
+               "the test's worker hosts register")
+    Host.objects.exclude(name__in=names).update(drained=True)
 
 
 def chaos_job(user, name: str) -> Job:
@@ -76,7 +87,8 @@ def test_a_job_whose_worker_machine_is_lost_is_resumed_by_another_worker_from_it
     job = chaos_job(user, "chaos-worker")
     workers = [parts.worker("first", concurrency=2), parts.worker("second", concurrency=2)]
     parts.beat()
-    run_job.apply_async((job.pk,), queue=parts.env["CELERY_QUEUE"])
+    place_only_on([parts.host_name("first"), parts.host_name("second")], eventually)
+    submit(job.pk)
     eventually(lambda: supervising(job.pk, workers) is not None, 60,
                f"no worker started the job; {parts.logs()}")
     doomed = supervising(job.pk, workers)

@@ -2,13 +2,13 @@
 job's run folder, the record says how it went, and what cannot be exported is refused with the
 reason."""
 
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from jobs.models import Job, State
 from monitor.models import Checkpoint
+from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,10 +62,9 @@ def test_what_cannot_be_exported_is_refused_with_the_reason(api, user, small_spe
 def test_an_export_the_engine_refuses_is_recorded_as_failed_with_its_message(
         api, celery_worker, user, small_spec, tmp_path, eventually):
     job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    empty = Path(tmp_path / "step-000002")
-    empty.mkdir()  # a folder that is no checkpoint
+    # a manifest that describes no checkpoint
     bad = Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
-                                    path=str(empty))
+                                    path=stored_checkpoint(tmp_path / "step-000002"))
     assert api.post(export_url(job.pk, bad.pk)).status_code == 202
 
     eventually(lambda: api.get(export_url(job.pk, bad.pk)).json()["state"] == "failed", 120,

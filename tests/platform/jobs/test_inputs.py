@@ -20,6 +20,7 @@ COMPANIONS = {
     "model.n_group": {"model.num_experts": 4096},
     "model.topk_group": {"model.num_experts": 4096, "model.n_group": 256},
     "model.first_k_dense_replace": {"model.num_hidden_layers": 1024},
+    "parallel.hosts": {"parallel.nodes": SPEC_BOUNDS["parallel.hosts"]},  # hosts divide nodes
 }
 # a concrete field for each "*" of the table
 CONCRETE = {"faults.inject.*.factor": "faults.inject.0.factor",

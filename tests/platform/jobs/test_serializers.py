@@ -6,6 +6,7 @@ import pytest
 from jobs.models import Job
 from jobs.serializers import CloneBody, CommandBody, ReshardBody, RollbackBody
 from monitor.models import Checkpoint
+from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -17,9 +18,8 @@ def job(user, small_spec) -> Job:
 
 @pytest.fixture
 def on_disk(job, tmp_path) -> Checkpoint:
-    (tmp_path / "step-2").mkdir()
     return Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
-                                     path=str(tmp_path / "step-2"))
+                                     path=stored_checkpoint(tmp_path / "step-2"))
 
 
 def validated(body_class, job: Job, data: dict) -> dict:

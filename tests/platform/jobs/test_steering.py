@@ -14,6 +14,7 @@ from jobs.models import Command, Job, State
 from jobs.steering import deliver_pending
 from jobs.tasks import Supervisor
 from monitor.models import Checkpoint
+from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,8 +94,7 @@ def test_a_refused_rollback_is_settled_with_the_reason_and_the_job_runs_on(api, 
 
 
 def test_a_done_rollback_returns_the_job_to_running(api, running, tmp_path):
-    (tmp_path / "step-2").mkdir()
-    path = str(tmp_path / "step-2")
+    path = stored_checkpoint(tmp_path / "step-2")
     ckpt = Checkpoint.objects.create(job=running, seq=5, step=2, time=0.0, path=path,
                                      tier="disk")
     body = api.post(f"/api/jobs/{running.pk}/rollback/", {"checkpoint": ckpt.pk},
@@ -110,9 +110,8 @@ def test_a_done_rollback_returns_the_job_to_running(api, running, tmp_path):
 
 def test_checkpoints_deleted_by_retention_are_listed_as_unavailable_and_refused(
         api, running, tmp_path):
-    (tmp_path / "step-4").mkdir()
     kept = Checkpoint.objects.create(job=running, seq=9, step=4, time=0.0, tier="disk",
-                                     path=str(tmp_path / "step-4"))
+                                     path=stored_checkpoint(tmp_path / "step-4"))
     pruned = Checkpoint.objects.create(job=running, seq=5, step=2, time=0.0, tier="disk",
                                        path=str(tmp_path / "step-2"))
     listed = api.get(f"/api/jobs/{running.pk}/checkpoints/").json()["results"]

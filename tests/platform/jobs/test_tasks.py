@@ -7,6 +7,7 @@ import psutil
 import pytest
 from django.utils import timezone
 
+from hosts.models import Host
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
 
@@ -137,6 +138,8 @@ def test_a_job_created_while_the_broker_is_down_is_accepted_and_started_once_it_
     assert job.state == State.QUEUED and job.undispatched_since is not None
 
     settings.JOB_REAPER_INTERVAL_S = 0  # no grace: the reaper looks at it at once
+    # the reaper places it: on the worker's host, registered again after the last test's flush
+    eventually(lambda: Host.objects.up().exists(), 30, "the worker's host registers")
     broker_down()
     assert reap() == [job.pk]
     assert Job.objects.get(pk=job.pk).undispatched_since is None

@@ -2,10 +2,10 @@
 
 Migrates, makes sure the `admin` user exists, then starts and watches its children: an
 embedded Redis (unless REDIS_URL is set), the ASGI server (uvicorn, WEB_PROCESSES processes)
-on PORT, a Celery worker and Celery beat (the reaper of lost jobs, jobs.tasks.reap). A child
-that dies is restarted with backoff. SIGINT/SIGTERM stops the training ranks first (so their
-supervisors record how the jobs ended), then beat, the worker, the web server and Redis, and
-exits.
+on PORT, this machine's worker host (`manage.py worker`: its Celery worker) and Celery beat
+(the reaper of lost jobs, jobs.tasks.reap). A child that dies is restarted with backoff.
+SIGINT/SIGTERM stops the training ranks first (so their supervisors record how the jobs
+ended), then beat, the worker, the web server and Redis, and exits.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from engine.ports import free_port
 from ringside.services import (
+    REPO_ROOT,
     add_web_address_arguments,
     child_env,
     port_in_use,
@@ -81,7 +83,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 class Command(BaseCommand):
-    help = "Run the whole platform (Redis, web server, Celery worker) under one supervisor."
+    help = "Run the whole platform (Redis, web server, worker host) under one supervisor."
 
     def add_arguments(self, parser):
         add_web_address_arguments(parser)
@@ -110,11 +112,8 @@ class Command(BaseCommand):
             self.log(f"embedded Redis on {redis_url}")
         env = child_env(REDIS_URL=redis_url)
         web = Child("web", web_server_command(host, port, web_processes()), env)
-        worker = Child("worker", python_module(
-            "celery", "-A", "ringside", "worker", "--loglevel", "INFO",
-            "--queues", settings.CELERY_TASK_DEFAULT_QUEUE,
-            "--concurrency", str(settings.CELERY_WORKER_CONCURRENCY),
-            "--hostname", f"ringside-{os.getpid()}@%h"), env)
+        # this machine as a worker host (hosts app): the Celery worker runs in that process
+        worker = Child("worker", [sys.executable, str(REPO_ROOT / "manage.py"), "worker"], env)
         # the periodic reaper (jobs.tasks.reap) that requeues jobs whose supervisor was lost
         beat = Child("beat", python_module(
             "celery", "-A", "ringside", "beat", "--loglevel", "WARNING"), env)
