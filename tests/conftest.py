@@ -89,3 +89,37 @@ def own_redis(tmp_path):
     yield server
     if server.proc.poll() is None:
         server.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran jobs reports what happened to them (their state changes, the
+    anomalies and the actions the engine reported): a failure on a busy CI machine can then
+    be understood from its report alone."""
+    report = yield
+    if report.failed and call.when == "call" and _uses_the_database(item):
+        report.sections.append(("jobs", _jobs_story()))
+    return report
+
+
+def _uses_the_database(item) -> bool:
+    return (item.get_closest_marker("django_db") is not None
+            or {"db", "transactional_db"} & set(item.fixturenames))
+
+
+def _jobs_story() -> str:
+    from jobs.models import Job
+
+    lines = []
+    try:
+        for job in Job.objects.order_by("pk"):
+            lines.append(f"job {job.pk} {job.name!r}: {job.state} at step {job.step}")
+            lines += [f"  {t.time:%H:%M:%S.%f} {t.from_state} -> {t.to_state} ({t.cause}, "
+                      f"{t.actor}): {t.message[:300]}" for t in job.transitions.all()]
+            lines += [f"  anomaly {a.kind} {a.severity} step {a.step} rank {a.rank}: "
+                      f"{a.evidence}" for a in job.anomalies.all()[:20]]
+            lines += [f"  action {a.action} by {a.by} for {a.anomaly or '-'} step {a.step}: "
+                      f"{a.details}" for a in job.actions.all()[:20]]
+    except Exception as error:  # the database may be what failed
+        lines.append(f"(the jobs could not be read: {error!r})")
+    return "\n".join(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import multiprocessing
 import os
 import shutil
 import signal
@@ -301,9 +302,10 @@ def _launch_once(spec: JobSpec, target: RunTarget, rdzv: Rendezvous, incarnation
         rdzv_configs={**({"is_host": True} if lead_hosts else {}), **rdzv.configs},
         max_restarts=spec.faults.policy.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="forkserver",
         local_addr=rdzv.local_addr,
     )
+    multiprocessing.set_forkserver_preload([__name__])
     # by global rank: this host's ranks only; any of them tells how the run ended
     results = elastic_launch(config, run_rank)(spec.to_dict(), target)
     return results[min(results)]

@@ -7,6 +7,7 @@ from playwright.sync_api import Page, expect
 from engine.runtime.spec import parse_spec
 from jobs.models import Job
 from jobs.tasks import dispatch
+from tests.platform.services import OBSERVE_STRAGGLERS
 
 ENGINE_START_MS = 120_000  # an engine launch on two busy cores
 
@@ -28,7 +29,7 @@ def open_running_job(page: Page, live_server_url: str, user, name: str, steps: i
                        "parallel": {"nodes": 1, "procs_per_node": 2},
                        "train": {"steps": steps, "micro_batch": 2, "seq_len": 32,
                                  "eval_every": 0, "threads": 1},
-                       "checkpoint": {"every": 0}}).to_dict()
+                       "checkpoint": {"every": 0}, "faults": OBSERVE_STRAGGLERS}).to_dict()
     job = Job.objects.create(name=name, owner=user, spec=spec)
     dispatch(job)
     log_in(page, live_server_url, user)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from hosts.models import Host
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
+from tests.platform.services import OBSERVE_STRAGGLERS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,6 +57,7 @@ def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, e
     small_spec["name"] = "long"
     small_spec["train"]["steps"] = 100_000
     small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
+    small_spec["faults"] = OBSERVE_STRAGGLERS
     job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
     eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
                f"job {job_id} made no progress; worker log: {celery_worker.log_path}")

@@ -8,6 +8,7 @@ from django.conf import settings
 
 from jobs.models import Command, Job, State
 from tests.platform.jobs.test_steering import control_commands
+from tests.platform.services import OBSERVE_STRAGGLERS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,6 +55,7 @@ def launched(api, small_spec: dict, eventually, worker) -> int:
     small_spec["name"] = "warm"
     small_spec["train"]["steps"] = 100_000
     small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
+    small_spec["faults"] = OBSERVE_STRAGGLERS
     job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
     eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
                f"job {job_id} made no progress; worker log: {worker.log_path}")
