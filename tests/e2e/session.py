@@ -7,7 +7,7 @@ from playwright.sync_api import Page, expect
 from engine.runtime.spec import parse_spec
 from jobs.models import Job
 from jobs.tasks import dispatch
-from tests.platform.services import OBSERVE_STRAGGLERS
+from tests.policies import OBSERVE_STRAGGLERS
 
 ENGINE_START_MS = 120_000  # an engine launch on two busy cores
 

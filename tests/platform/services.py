@@ -41,14 +41,6 @@ SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
                         "threads": 1},
               "checkpoint": {"every": 0}}
 
-# The fault policy of the test jobs on two or more ranks that are not about stragglers. This
-# machine's two cores are shared by the browser, the servers, the worker and the ranks, and a
-# rank starved of CPU for a while is a real straggler by the detector's rule (rank 0 measured
-# 2.5-4x the other's compute under load): the default ladder would restart the run (from
-# step 0 when it keeps no checkpoint) and then pause it for a person, which is right for a
-# user's job and beside the point of these tests.
-OBSERVE_STRAGGLERS = {"policy": {"actions": {"straggler": ["observe"]}}}
-
 
 def _with_db(url: str, db: int) -> str:
     parts = urlsplit(url)

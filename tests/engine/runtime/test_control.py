@@ -15,6 +15,7 @@ import pytest
 from engine.contract import ExitCode
 from engine.runtime.control import send
 from engine.runtime.events import read_events
+from tests.policies import OBSERVE_STRAGGLERS
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,6 +29,7 @@ def nano(name: str, steps: int = 60, nodes: int = 1, procs: int = 2, strategy: s
         "train": {"steps": steps, "micro_batch": micro_batch, "seq_len": 64, "eval_every": 0,
                   "warmup": 5, "threads": 1},
         "checkpoint": {"every": every},
+        "faults": OBSERVE_STRAGGLERS,
     }
 
 

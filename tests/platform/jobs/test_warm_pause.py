@@ -8,7 +8,7 @@ from django.conf import settings
 
 from jobs.models import Command, Job, State
 from tests.platform.jobs.test_steering import control_commands
-from tests.platform.services import OBSERVE_STRAGGLERS
+from tests.policies import OBSERVE_STRAGGLERS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
