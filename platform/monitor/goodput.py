@@ -317,13 +317,17 @@ class Ledger:
                        for cause, label in CAUSES.items()},
         }
 
-    def within(self, since: float, until: float) -> dict[str, float]:
-        """Seconds per cause booked in the whole UTC hours from `since` to `until`."""
+    def within(self, since: float, until: float, now: float) -> dict[str, float]:
+        """Seconds per cause in the whole UTC hours from `since` to `until`, the open interval
+        up to `now` included."""
         totals = dict.fromkeys(CAUSES, 0.0)
         for hour, causes in self.hours.items():
             if since <= float(hour) and float(hour) + HOUR <= until:
                 for cause, seconds in causes.items():
                     totals[cause] += seconds
+        open_cause = self.open_cause()
+        if open_cause is not None:
+            totals[open_cause] += max(0.0, min(now, until) - max(self.cursor, since))
         return totals
 
 

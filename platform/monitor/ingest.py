@@ -4,12 +4,12 @@
 a batch in one transaction, acknowledges the batch only after the commit, then forwards the
 events to the channel-layer group `job-<id>`, and after them the job's goodput ledger, which
 the batch's transaction brought up to date (monitor.goodput). The next batch is read, parsed
-and turned into rows (`prepare`) on another thread while the current one is written, which the database's work
-leaves free to run (the engine's event mix into PostgreSQL on a 2-core machine: about 2,900
-events/s without it, 3,700-5,000 with it). After a crash, a new StreamIngest under the same
-consumer name first re-reads what was delivered to it but never acknowledged; one under another
-name first claims what a dead consumer left pending (idle for `claim_idle_ms`). A poll that
-fails (Redis or the database went away) leaves the next one to start again from this
+and turned into rows (`prepare`) on another thread while the current one is written, which the
+database's work leaves free to run (the engine's event mix into PostgreSQL on a 2-core machine:
+about 2,900 events/s without it, 3,700-5,000 with it). After a crash, a new StreamIngest under
+the same consumer name first re-reads what was delivered to it but never acknowledged; one
+under another name first claims what a dead consumer left pending (idle for `claim_idle_ms`). A
+poll that fails (Redis or the database went away) leaves the next one to start again from this
 consumer's unacknowledged entries, so an outage skips nothing and reorders nothing. Storage
 ignores sequence numbers it already has, so every event is stored exactly once.
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engine.contract import parse_event
 from jobs.models import Job, JobEvent
 from monitor import goodput
-from engine.contract import parse_event
 from monitor.goodput import CAUSES, HOUR, straggler_wait
 from monitor.ingest import store_events
 from monitor.models import Event, Goodput
@@ -205,9 +205,12 @@ def test_seconds_are_counted_per_hour_so_a_range_takes_only_its_hours(job):
     tl = Timeline(job)
     tl.move(HOUR + 600, "starting")  # queued across the hour's end
     ledger = goodput.stored(job.pk)
-    assert ledger.within(T0, T0 + HOUR)["queue"] == pytest.approx(HOUR)
-    assert ledger.within(T0 + HOUR, T0 + 2 * HOUR)["queue"] == pytest.approx(600)
-    assert ledger.within(T0, T0 + 2 * HOUR)["queue"] == pytest.approx(HOUR + 600)
+    later = T0 + 2 * HOUR + 300  # starting since HOUR + 600
+    assert ledger.within(T0, T0 + HOUR, later)["queue"] == pytest.approx(HOUR)
+    assert ledger.within(T0 + HOUR, T0 + 2 * HOUR, later) == pytest.approx({
+        **dict.fromkeys(CAUSES, 0.0), "queue": 600, "startup": HOUR - 600})
+    assert ledger.within(T0, T0 + 3 * HOUR, later) == pytest.approx({
+        **dict.fromkeys(CAUSES, 0.0), "queue": HOUR + 600, "startup": HOUR - 300})
 
 
 def test_a_redelivered_batch_and_an_event_stored_late_change_nothing(job):
