@@ -230,3 +230,55 @@ def test_a_job_without_a_kept_ledger_gets_one_from_what_is_stored(job):
     a_full_run(job)
     Goodput.objects.filter(job=job).delete()
     assert seconds(goodput.current(job.pk)) == EXPECTED
+
+
+# -- the API -------------------------------------------------------------------------------
+
+def test_the_api_serves_a_jobs_ledger_to_its_owner_only(api, job, other_user, small_spec):
+    a_full_run(job)
+    ledger = api.get(f"/api/jobs/{job.pk}/goodput/").json()
+    assert ledger["job"] == job.pk and seconds(ledger) == EXPECTED
+    theirs = Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    assert api.get(f"/api/jobs/{theirs.pk}/goodput/").status_code == 404
+
+
+def test_each_cause_links_to_the_stored_events_and_transitions_behind_it(api, job):
+    refs = a_full_run(job)
+    body = api.get(f"/api/jobs/{job.pk}/goodput/events/?cause=pause").json()
+    assert body["cause"] == "pause"
+    assert {e["seq"] for e in body["events"]} >= set(refs["pause"])
+    assert [e["type"] for e in body["events"]].count("action") == 2  # the two pauses
+    assert [t["to_state"] for t in body["transitions"]] == ["paused", "queued"]
+    bad = api.get(f"/api/jobs/{job.pk}/goodput/events/?cause=lunch")
+    assert bad.status_code == 400 and "cause" in bad.json()
+
+
+def test_the_summary_sums_the_users_jobs_over_the_hours_asked(api, job, user, small_spec):
+    a_full_run(job)  # in T0's hour
+    later = Job.objects.create(name="later", owner=user, spec=small_spec)
+    Job.objects.filter(pk=later.pk).update(created_at=at(2 * HOUR))
+    tl = Timeline(Job.objects.get(pk=later.pk))
+    tl.move(2 * HOUR + 30, "cancelled", "user")
+    since, until = at(0).isoformat(), at(HOUR - 1).isoformat()
+    body = api.get("/api/goodput/", {"since": since, "until": until}).json()
+    assert (body["since"], body["until"]) == (T0, T0 + HOUR)
+    assert [j["id"] for j in body["jobs"]] == [job.pk]
+    assert body["wall_s"] == pytest.approx(59.0) and body["goodput"] == pytest.approx(7.7 / 59)
+    assert {c: round(e["seconds"], 6) for c, e in body["causes"].items()} == EXPECTED
+    both = api.get("/api/goodput/", {"since": since, "until": at(3 * HOUR).isoformat()}).json()
+    assert [j["id"] for j in both["jobs"]] == [job.pk, later.pk]
+    assert both["causes"]["queue"]["seconds"] == pytest.approx(13.0 + 30.0)
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ({"since": "yesterday"}, "since"),
+    ({"until": "2024-13-01T00:00:00Z"}, "until"),
+    ({"since": "2024-01-02T00:00:00Z", "until": "2024-01-01T00:00:00Z"}, "until"),
+])
+def test_a_bad_summary_range_is_a_400_naming_the_field(api, query, field):
+    response = api.get("/api/goodput/", query)
+    assert response.status_code == 400 and field in response.json()
+
+
+def test_the_summary_needs_authentication(client):
+    assert client.get("/api/goodput/").status_code in (401, 403)
