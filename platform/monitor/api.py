@@ -1,7 +1,8 @@
 """REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`, served by the jobs
 API through `metrics_payload`), per-op timing (`jobs/<id>/ops/`, `jobs/<id>/ops/history/`)
 and expert load (`jobs/<id>/experts/`); the goodput ledger's schema (`jobs/<id>/goodput/`,
-served by the jobs API) and the per-user summary over a time range (`goodput/`). Query
+served by the jobs API), the per-user summary over a time range (`goodput/`) and the goodput
+as Prometheus gauges (`goodput/metrics/`). Query
 parameters are validated; a bad one answers 400 naming it. Another user's job answers 404, as
 everywhere in the API."""
 
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Q
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -22,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine.xputimer.prometheus import CONTENT_TYPE, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
@@ -266,3 +268,47 @@ class GoodputSummaryView(APIView):
         q = _valid(GoodputQuery, request.query_params)
         return Response(goodput_summary(Job.objects.filter(owner=request.user), q["since"],
                                         q["until"]))
+
+
+# a finished job's gauges stay this long, so that a scrape sees its final ledger
+METRICS_KEEP_S = 3600
+GOODPUT_GAUGES = (
+    ("goodput_seconds", "Seconds of the job's wall clock per cause: productive and each loss"),
+    ("goodput_wall_seconds", "The job's wall-clock time from its creation to its end or now"),
+    ("goodput_ratio", "Productive seconds over wall-clock seconds"),
+)
+
+
+def render_goodput(jobs: Any, now: float, prefix: str = "ringside_") -> str:
+    """Prometheus text (format 0.0.4) of the goodput ledgers of `jobs`, as of `now`."""
+    samples: dict[str, list[str]] = {name: [] for name, _ in GOODPUT_GAUGES}
+    for job in jobs:
+        ledger = stored(job.pk).view(now)
+        job_labels = {"job": job.pk, "name": job.name, "owner": job.owner.get_username()}
+        for cause, entry in ledger["causes"].items():
+            samples["goodput_seconds"].append(
+                f"{labels(**job_labels, cause=cause)} {entry['seconds']!r}")
+        samples["goodput_wall_seconds"].append(f"{labels(**job_labels)} {ledger['wall_s']!r}")
+        samples["goodput_ratio"].append(f"{labels(**job_labels)} {ledger['goodput'] or 0.0!r}")
+    lines = []
+    for name, help_text in GOODPUT_GAUGES:
+        lines += [f"# HELP {prefix}{name} {help_text}", f"# TYPE {prefix}{name} gauge"]
+        lines += [f"{prefix}{name}{sample}" for sample in samples[name]]
+    return "\n".join(lines) + "\n"
+
+
+class GoodputMetricsView(APIView):
+    """Your jobs' goodput ledgers as Prometheus gauges (staff: everyone's), for a scraper
+    holding an API token (`authorization: {type: Token, credentials: <key>}`)."""
+
+    @extend_schema(responses={(200, "text/plain"): str, 401: ERRORS[401]},
+                   description="Gauges `ringside_goodput_seconds{job,name,owner,cause}`, "
+                   "`ringside_goodput_wall_seconds` and `ringside_goodput_ratio` of every job "
+                   "not final, and of those that ended within the last hour.")
+    def get(self, request: Request) -> HttpResponse:
+        now = time.time()
+        since = timezone.now() - timedelta(seconds=METRICS_KEEP_S)
+        jobs = (visible_jobs(request.user)
+                .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
+                .select_related("owner").order_by("id"))
+        return HttpResponse(render_goodput(jobs, now), content_type=CONTENT_TYPE)

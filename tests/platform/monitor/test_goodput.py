@@ -114,6 +114,7 @@ def a_full_run(job: Job) -> dict[str, list]:
     refs["startup"].append(tl.state_event(58, "completed"))
     tl.move(58.5, "completing", "engine")
     refs["startup_transitions"] = [tl.move(59, "completed").pk]
+    Job.objects.filter(pk=job.pk).update(state="completed", finished_at=at(59))
     return refs
 
 
@@ -282,3 +283,34 @@ def test_a_bad_summary_range_is_a_400_naming_the_field(api, query, field):
 
 def test_the_summary_needs_authentication(client):
     assert client.get("/api/goodput/").status_code in (401, 403)
+
+
+def gauges(text: str) -> dict[str, float]:
+    """`{'name{labels}': value}` of Prometheus text (its samples, comments left out)."""
+    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_the_ledgers_are_prometheus_gauges_of_the_users_recent_jobs(api, job, user, other_user,
+                                                                     small_spec):
+    a_full_run(job)  # finished long ago: no longer exported
+    live = Job.objects.create(name='say "hi"', owner=user, spec=small_spec)
+    JobEvent.objects.create(job=live, from_state="queued", to_state="starting", cause="worker")
+    Job.objects.create(name="theirs", owner=other_user, spec=small_spec)
+    response = api.get("/api/goodput/metrics/")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = response.content.decode()
+    assert "# TYPE ringside_goodput_seconds gauge" in text
+    exported = gauges(text)
+    labels = f'job="{live.pk}",name="say \\"hi\\"",owner="ada"'
+    assert exported[f'ringside_goodput_seconds{{{labels},cause="productive"}}'] == 0.0
+    assert exported[f"ringside_goodput_ratio{{{labels}}}"] == 0.0
+    assert exported[f"ringside_goodput_wall_seconds{{{labels}}}"] > 0
+    assert f'job="{job.pk}"' not in text and "theirs" not in text
+
+    Job.objects.filter(pk=job.pk).update(finished_at=datetime.now(UTC))  # ended just now
+    exported = gauges(api.get("/api/goodput/metrics/").content.decode())
+    mine = 'job="%d",name="t",owner="ada"' % job.pk
+    assert {cause: exported[f'ringside_goodput_seconds{{{mine},cause="{cause}"}}']
+            for cause in CAUSES} == pytest.approx(EXPECTED)
