@@ -27,7 +27,7 @@ from engine.xputimer.prometheus import CONTENT_TYPE, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
-from monitor.goodput import CAUSES, HOUR, stored
+from monitor import goodput
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -194,13 +194,14 @@ GOODPUT = inline_serializer("Goodput", {
             "sequence numbers of the events behind it (the newest 100)")),
         "transitions": serializers.ListField(child=serializers.IntegerField(), help_text=(
             "ids of the state transitions behind it (the newest 100)"))}),
-        help_text=f"productive first, then each cause of loss: {', '.join(CAUSES)} "
+        help_text=f"productive first, then each cause of loss: {', '.join(goodput.CAUSES)} "
                   "(monitor/goodput.py says what each counts); the seconds add up to wall_s"),
 })
 
 
 class GoodputCauseQuery(serializers.Serializer):
-    cause = serializers.ChoiceField(choices=list(CAUSES), help_text="one of the ledger's causes")
+    cause = serializers.ChoiceField(choices=list(goodput.CAUSES),
+                                    help_text="one of the ledger's causes")
 
 
 class GoodputQuery(serializers.Serializer):
@@ -214,8 +215,8 @@ class GoodputQuery(serializers.Serializer):
         since = attrs.get("since") or until - timedelta(days=1)
         if since >= until:
             raise serializers.ValidationError({"until": "must be after `since`"})
-        return {"since": math.floor(since.timestamp() / HOUR) * HOUR,
-                "until": math.ceil(until.timestamp() / HOUR) * HOUR}
+        return {"since": math.floor(since.timestamp() / goodput.HOUR) * goodput.HOUR,
+                "until": math.ceil(until.timestamp() / goodput.HOUR) * goodput.HOUR}
 
 
 def goodput_summary(jobs: Any, since: float, until: float) -> dict[str, Any]:
@@ -223,10 +224,11 @@ def goodput_summary(jobs: Any, since: float, until: float) -> dict[str, Any]:
     now = time.time()
     start, end = (datetime.fromtimestamp(t, tz=UTC) for t in (since, until))
     rows = []
-    total = dict.fromkeys(CAUSES, 0.0)
-    for job in jobs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start),
-                           created_at__lt=end).order_by("created_at", "id"):
-        seconds = stored(job.pk).within(since, until, now)
+    total = dict.fromkeys(goodput.CAUSES, 0.0)
+    for job in (jobs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start),
+                            created_at__lt=end).select_related("goodput")
+                .order_by("created_at", "id")):
+        seconds = goodput.of(job).within(since, until, now)
         wall = sum(seconds.values())
         if wall <= 0:
             continue
@@ -240,7 +242,7 @@ def goodput_summary(jobs: Any, since: float, until: float) -> dict[str, Any]:
             "goodput": total["productive"] / wall if wall > 0 else None,
             "causes": {cause: {"label": label, "seconds": total[cause],
                                "share": total[cause] / wall if wall > 0 else 0.0}
-                       for cause, label in CAUSES.items()},
+                       for cause, label in goodput.CAUSES.items()},
             "jobs": rows}
 
 
@@ -283,7 +285,7 @@ def render_goodput(jobs: Any, now: float, prefix: str = "ringside_") -> str:
     """Prometheus text (format 0.0.4) of the goodput ledgers of `jobs`, as of `now`."""
     samples: dict[str, list[str]] = {name: [] for name, _ in GOODPUT_GAUGES}
     for job in jobs:
-        ledger = stored(job.pk).view(now)
+        ledger = goodput.of(job).view(now)
         job_labels = {"job": job.pk, "name": job.name, "owner": job.owner.get_username()}
         for cause, entry in ledger["causes"].items():
             samples["goodput_seconds"].append(
@@ -310,5 +312,5 @@ class GoodputMetricsView(APIView):
         since = timezone.now() - timedelta(seconds=METRICS_KEEP_S)
         jobs = (visible_jobs(request.user)
                 .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
-                .select_related("owner").order_by("id"))
+                .select_related("owner", "goodput").order_by("id"))
         return HttpResponse(render_goodput(jobs, now), content_type=CONTENT_TYPE)

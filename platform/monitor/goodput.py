@@ -96,8 +96,10 @@ class Mark:
 
     @property
     def ref(self) -> tuple[str, int]:
-        return ("transitions", self.transition) if self.kind == "transition" else ("events",
-                                                                                   self.seq)
+        """What a cause lists it under: ("transitions", id) or ("events", seq)."""
+        if self.kind == "transition":
+            return "transitions", self.transition
+        return "events", self.seq
 
 
 def straggler_wait(ranks: list[dict[str, Any]]) -> float:
@@ -411,6 +413,15 @@ def stored(job_id: int) -> Ledger:
         with transaction.atomic():
             row, _ = _locked(job_id)
     return Ledger.from_dict(row.ledger)
+
+
+def of(job: Job) -> Ledger:
+    """The ledger of `job`, from the row its query brought along (select_related("goodput"))
+    if it did."""
+    try:
+        return Ledger.from_dict(job.goodput.ledger)
+    except Goodput.DoesNotExist:
+        return stored(job.pk)
 
 
 def current(job_id: int, now: float | None = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 training or to one cause of loss, from stored events and transitions (real database rows, as
 the ingest and the state machine write them)."""
 
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -311,6 +312,30 @@ def test_the_ledgers_are_prometheus_gauges_of_the_users_recent_jobs(api, job, us
 
     Job.objects.filter(pk=job.pk).update(finished_at=datetime.now(UTC))  # ended just now
     exported = gauges(api.get("/api/goodput/metrics/").content.decode())
-    mine = 'job="%d",name="t",owner="ada"' % job.pk
+    mine = f'job="{job.pk}",name="t",owner="ada"'
     assert {cause: exported[f'ringside_goodput_seconds{{{mine},cause="{cause}"}}']
             for cause in CAUSES} == pytest.approx(EXPECTED)
+
+
+def test_whatever_the_history_productive_and_the_losses_add_up_to_the_wall_clock():
+    """Marks of every kind, in any order (late ones too), in random histories: the seconds
+    always add up to the time from the start to the cursor, and none is negative."""
+    from monitor.goodput import Mark, build
+
+    rng = random.Random(22)
+    kinds = [dict(kind="step", step_time=0.5), dict(kind="step", evaluated=True),
+             dict(kind="ops", wait_s=0.3), dict(kind="checkpoint", blocking_s=0.4),
+             *[dict(kind="state", state=s) for s in ("running", "paused", "completed",
+                                                     "failed", "resharding", "starting")],
+             *[dict(kind="action", action=a, by=b) for a in ("pause", "restart", "rollback",
+                                                             "skip_update", "crash", "observe")
+               for b in ("policy", "command")],
+             *[dict(kind="transition", state=s, cause=c)
+               for s in ("queued", "starting", "paused", "waiting_for_hosts", "running")
+               for c in ("user", "worker_loss", "policy")]]
+    for _ in range(200):
+        marks = [Mark(time=T0 + rng.uniform(-5, 100), seq=i, transition=i,
+                      step=rng.randint(1, 20), **rng.choice(kinds)) for i in range(60)]
+        ledger = build(T0, marks[:40]).fold(marks[40:])  # the rest arriving late, unsorted
+        assert min(ledger.seconds.values()) >= -1e-9
+        assert sum(ledger.seconds.values()) == pytest.approx(ledger.cursor - T0)
