@@ -174,9 +174,11 @@ class Ledger:
             self._refer(cause, ref)
 
     def _refer(self, cause: str, ref: tuple[str, int]) -> None:
+        """List `ref` under `cause` (once: marks come in order, so a repeat is the last one),
+        keeping the newest MAX_REFS."""
         kind, ident = ref
         kept = self.refs.setdefault(cause, {}).setdefault(kind, [])
-        if ident not in kept[-3:]:
+        if not kept or kept[-1] != ident:
             kept.append(ident)
             del kept[:-MAX_REFS]
 
