@@ -24,7 +24,7 @@ def productive_seconds(page: Page) -> float:
 def test_the_goodput_card_grows_live_and_a_reload_shows_the_same(page: Page, live_server_url,
                                                                  celery_worker, user,
                                                                  output_dir):
-    job = open_running_job(page, live_server_url, user, "goodput-card", steps=120)
+    job = open_running_job(page, live_server_url, user, "goodput-card", steps=200)
     rows = page.locator("#goodput-table tr")
     expect(rows).to_have_count(len(CAUSES))
     page.wait_for_function("() => Number(document.querySelector("

@@ -20,7 +20,7 @@ TOLERANCE = 0.05  # goodput_accounting_error
 def spec(small_spec: dict) -> dict:
     small_spec["name"] = "goodput"
     small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
-    small_spec["train"].update(steps=40, eval_every=15)
+    small_spec["train"].update(steps=60, eval_every=20)
     small_spec["checkpoint"] = {"every": 3}
     small_spec["faults"] = {
         "inject": [{"kind": "slow_rank", "step": 2, "rank": 1, "factor": 3.0},
