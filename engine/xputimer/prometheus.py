@@ -39,8 +39,10 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
 
 
-def _labels(**labels: Any) -> str:
-    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
+def labels(**pairs: Any) -> str:
+    """A sample's label set, `{k="v",...}`, its values escaped (the platform's goodput gauges
+    use it too)."""
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs.items()) + "}"
 
 
 def render_prometheus(aggregate: dict[str, Any], job: str = "", prefix: str = "ringside_") -> str:
@@ -52,21 +54,21 @@ def render_prometheus(aggregate: dict[str, Any], job: str = "", prefix: str = "r
             return
         lines.append(f"# HELP {prefix}{name} {help_text}")
         lines.append(f"# TYPE {prefix}{name} gauge")
-        lines.extend(f"{prefix}{name}{labels} {float(value)!r}" for labels, value in samples)
+        lines.extend(f"{prefix}{name}{label_set} {float(value)!r}" for label_set, value in samples)
 
-    family("step", "Last step aggregated", [(_labels(job=job), aggregate["step"])])
-    family("step_ms", "Slowest rank's step time", [(_labels(job=job), aggregate["step_ms"])])
+    family("step", "Last step aggregated", [(labels(job=job), aggregate["step"])])
+    family("step_ms", "Slowest rank's step time", [(labels(job=job), aggregate["step_ms"])])
     ops = aggregate["ops"]
     for metric, key, help_text in _OP_GAUGES:
         family(metric, help_text, [
-            (_labels(job=job, op=name, kind=op["kind"], group=op.get("group", "")), op[key])
+            (labels(job=job, op=name, kind=op["kind"], group=op.get("group", "")), op[key])
             for name, op in sorted(ops.items()) if key in op])
     family("op_rank_ms", "Time spent in the op per rank in the last step", [
-        (_labels(job=job, op=name, rank=row["rank"]), ms)
+        (labels(job=job, op=name, rank=row["rank"]), ms)
         for name, op in sorted(ops.items())
         for row, ms in zip(aggregate["ranks"], op["per_rank_ms"], strict=True)])
     for metric, key, help_text in _RANK_GAUGES:
-        family(metric, help_text, [(_labels(job=job, rank=row["rank"]), row[key])
+        family(metric, help_text, [(labels(job=job, rank=row["rank"]), row[key])
                                    for row in aggregate["ranks"]])
     return "\n".join(lines) + "\n"
 

@@ -173,9 +173,10 @@ class Job(models.Model):
                 Reservation.objects.held().filter(job=current).update(released_at=now)
             current.save(update_fields=["state", "started_at", "finished_at", "error",
                                         "launches", "heartbeat_at", "supervisor"])
+            # at the time the job's own timestamps take: its goodput ledger ends there
             event = JobEvent.objects.create(
                 job=current, from_state=previous, to_state=target,
-                cause=cause, actor=actor, message=message,
+                cause=cause, actor=actor, message=message, time=now,
             )
         self.refresh_from_db()
         return event

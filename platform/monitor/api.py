@@ -1,23 +1,33 @@
 """REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`, served by the jobs
 API through `metrics_payload`), per-op timing (`jobs/<id>/ops/`, `jobs/<id>/ops/history/`)
-and expert load (`jobs/<id>/experts/`). Query parameters are validated; a bad one answers 400
-naming it. Another user's job answers 404, as everywhere in the API."""
+and expert load (`jobs/<id>/experts/`); the goodput ledger's schema (`jobs/<id>/goodput/`,
+served by the jobs API), the per-user summary over a time range (`goodput/`) and the goodput
+as Prometheus gauges (`goodput/metrics/`). Query
+parameters are validated; a bad one answers 400 naming it. Another user's job answers 404, as
+everywhere in the API."""
 
 from __future__ import annotations
 
+import math
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.http import Http404
+from django.db.models import Q
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine.xputimer.prometheus import CONTENT_TYPE, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
+from monitor import goodput
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -161,3 +171,146 @@ class ExpertsView(JobTelemetryView):
         q = _valid(WindowQuery, request.query_params)
         return Response({"samples": expert_history(job.pk, q.get("from"), q.get("to"),
                                                    q["max_points"])})
+
+
+CAUSE_SECONDS = inline_serializer("GoodputCause", {
+    "label": serializers.CharField(), "seconds": serializers.FloatField(),
+    "share": serializers.FloatField(help_text="of the wall-clock time"),
+})
+GOODPUT = inline_serializer("Goodput", {
+    "job": serializers.IntegerField(),
+    "start": serializers.FloatField(help_text="the job's creation, seconds since the epoch"),
+    "end": serializers.FloatField(help_text="its final state's time, or now"),
+    "wall_s": serializers.FloatField(), "closed": serializers.BooleanField(
+        help_text="final: the ledger no longer grows"),
+    "productive_s": serializers.FloatField(),
+    "goodput": serializers.FloatField(allow_null=True, help_text="productive_s / wall_s"),
+    "open": serializers.CharField(allow_null=True, help_text="the cause the time since the "
+                                  "last event accrues to (null once final)"),
+    "causes": serializers.DictField(child=inline_serializer("GoodputCauseRefs", {
+        "label": serializers.CharField(), "seconds": serializers.FloatField(),
+        "share": serializers.FloatField(),
+        "events": serializers.ListField(child=serializers.IntegerField(), help_text=(
+            "sequence numbers of the events behind it (the newest 100)")),
+        "transitions": serializers.ListField(child=serializers.IntegerField(), help_text=(
+            "ids of the state transitions behind it (the newest 100)"))}),
+        help_text=f"productive first, then each cause of loss: {', '.join(goodput.CAUSES)} "
+                  "(monitor/goodput.py says what each counts); the seconds add up to wall_s"),
+})
+
+
+class GoodputCauseQuery(serializers.Serializer):
+    cause = serializers.ChoiceField(choices=list(goodput.CAUSES),
+                                    help_text="one of the ledger's causes")
+
+
+class GoodputQuery(serializers.Serializer):
+    since = serializers.DateTimeField(required=False, help_text="ISO 8601; default: a day "
+                                      "before `until` (rounded down to the hour)")
+    until = serializers.DateTimeField(required=False, help_text="ISO 8601; default: now "
+                                      "(rounded up to the hour)")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        until = attrs.get("until") or timezone.now()
+        since = attrs.get("since") or until - timedelta(days=1)
+        if since >= until:
+            raise serializers.ValidationError({"until": "must be after `since`"})
+        return {"since": math.floor(since.timestamp() / goodput.HOUR) * goodput.HOUR,
+                "until": math.ceil(until.timestamp() / goodput.HOUR) * goodput.HOUR}
+
+
+def goodput_summary(jobs: Any, since: float, until: float) -> dict[str, Any]:
+    """Seconds per cause of `jobs` within [since, until] (whole hours), in all and per job."""
+    now = time.time()
+    start, end = (datetime.fromtimestamp(t, tz=UTC) for t in (since, until))
+    rows = []
+    total = dict.fromkeys(goodput.CAUSES, 0.0)
+    for job in (jobs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=start),
+                            created_at__lt=end).select_related("goodput")
+                .order_by("created_at", "id")):
+        seconds = goodput.of(job).within(since, until, now)
+        wall = sum(seconds.values())
+        if wall <= 0:
+            continue
+        rows.append({"id": job.pk, "name": job.name, "wall_s": wall,
+                     "productive_s": seconds["productive"],
+                     "goodput": seconds["productive"] / wall})
+        for cause, value in seconds.items():
+            total[cause] += value
+    wall = sum(total.values())
+    return {"since": since, "until": until, "wall_s": wall, "productive_s": total["productive"],
+            "goodput": total["productive"] / wall if wall > 0 else None,
+            "causes": {cause: {"label": label, "seconds": total[cause],
+                               "share": total[cause] / wall if wall > 0 else 0.0}
+                       for cause, label in goodput.CAUSES.items()},
+            "jobs": rows}
+
+
+class GoodputSummaryView(APIView):
+    """Your jobs' goodput over a time range: the seconds of each cause that fell within it,
+    summed over the jobs that ran in it, and each job's wall time and goodput there."""
+
+    @extend_schema(
+        parameters=[GoodputQuery],
+        responses={200: inline_serializer("GoodputSummary", {
+            "since": serializers.FloatField(help_text="seconds since the epoch, on the hour"),
+            "until": serializers.FloatField(help_text="seconds since the epoch, on the hour"),
+            "wall_s": serializers.FloatField(help_text="job-seconds within the range"),
+            "productive_s": serializers.FloatField(),
+            "goodput": serializers.FloatField(allow_null=True),
+            "causes": serializers.DictField(child=CAUSE_SECONDS),
+            "jobs": serializers.ListField(child=inline_serializer("GoodputOfJob", {
+                "id": serializers.IntegerField(), "name": serializers.CharField(),
+                "wall_s": serializers.FloatField(), "productive_s": serializers.FloatField(),
+                "goodput": serializers.FloatField()}))}),
+            400: BAD_QUERY, 401: ERRORS[401]},
+        description="The range is widened to whole UTC hours (the ledger keeps its seconds "
+                    "per hour); a bad or reversed range answers 400 naming the field.")
+    def get(self, request: Request) -> Response:
+        q = _valid(GoodputQuery, request.query_params)
+        return Response(goodput_summary(Job.objects.filter(owner=request.user), q["since"],
+                                        q["until"]))
+
+
+# a finished job's gauges stay this long, so that a scrape sees its final ledger
+METRICS_KEEP_S = 3600
+GOODPUT_GAUGES = (
+    ("goodput_seconds", "Seconds of the job's wall clock per cause: productive and each loss"),
+    ("goodput_wall_seconds", "The job's wall-clock time from its creation to its end or now"),
+    ("goodput_ratio", "Productive seconds over wall-clock seconds"),
+)
+
+
+def render_goodput(jobs: Any, now: float, prefix: str = "ringside_") -> str:
+    """Prometheus text (format 0.0.4) of the goodput ledgers of `jobs`, as of `now`."""
+    samples: dict[str, list[str]] = {name: [] for name, _ in GOODPUT_GAUGES}
+    for job in jobs:
+        ledger = goodput.of(job).view(now)
+        job_labels = {"job": job.pk, "name": job.name, "owner": job.owner.get_username()}
+        for cause, entry in ledger["causes"].items():
+            samples["goodput_seconds"].append(
+                f"{labels(**job_labels, cause=cause)} {entry['seconds']!r}")
+        samples["goodput_wall_seconds"].append(f"{labels(**job_labels)} {ledger['wall_s']!r}")
+        samples["goodput_ratio"].append(f"{labels(**job_labels)} {ledger['goodput'] or 0.0!r}")
+    lines = []
+    for name, help_text in GOODPUT_GAUGES:
+        lines += [f"# HELP {prefix}{name} {help_text}", f"# TYPE {prefix}{name} gauge"]
+        lines += [f"{prefix}{name}{sample}" for sample in samples[name]]
+    return "\n".join(lines) + "\n"
+
+
+class GoodputMetricsView(APIView):
+    """Your jobs' goodput ledgers as Prometheus gauges (staff: everyone's), for a scraper
+    holding an API token (`authorization: {type: Token, credentials: <key>}`)."""
+
+    @extend_schema(responses={(200, "text/plain"): str, 401: ERRORS[401]},
+                   description="Gauges `ringside_goodput_seconds{job,name,owner,cause}`, "
+                   "`ringside_goodput_wall_seconds` and `ringside_goodput_ratio` of every job "
+                   "not final, and of those that ended within the last hour.")
+    def get(self, request: Request) -> HttpResponse:
+        now = time.time()
+        since = timezone.now() - timedelta(seconds=METRICS_KEEP_S)
+        jobs = (visible_jobs(request.user)
+                .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
+                .select_related("owner", "goodput").order_by("id"))
+        return HttpResponse(render_goodput(jobs, now), content_type=CONTENT_TYPE)

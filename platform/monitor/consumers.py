@@ -5,7 +5,9 @@
 min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions`,
 `checkpoints` and `memberships` events), then the events as published (`step`, `ops`,
 `experts`, `anomaly`, `action`, `checkpoint`, `membership`, `state`, `log`), in sequence
-order, and `{"type": "job", ...}` when the platform moves the job's state. A client
+order, and `{"type": "job", ...}` when the platform moves the job's state. The snapshot's
+`goodput` is the job's goodput ledger (monitor.goodput), and a `{"type": "goodput", "goodput":
+...}` message brings it again after every stored batch of events and every state change. A client
 reconnecting with `?after=<seq>` gets, instead of the snapshot, exactly the stored events
 after that sequence number, then the live ones. The consumer joins the job's group before
 reading the database and drops live events it already sent, so nothing falls between the
@@ -39,6 +41,7 @@ from redis.exceptions import RedisError
 
 from jobs.models import Job, JobEvent
 from jobs.permissions import visible_jobs
+from monitor import goodput
 from monitor.ingest import job_group
 from monitor.messages import job_message
 from monitor.models import Event
@@ -165,9 +168,10 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
         else:
             self.sent_seq = int(after)
             await self._send_stored(until=None)
-            # state changes are pushed, not stored as events: one made while this client was
-            # away would otherwise never reach it
+            # state changes and the ledger are pushed, not stored as events: one made while
+            # this client was away would otherwise never reach it
             await self.send_json(await self._job_state())
+            await self.send_json(await self._goodput())
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
@@ -180,7 +184,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
     async def job_events(self, message: dict[str, Any]) -> None:
         """A chunk of events forwarded by the ingest (or state changes from the platform)."""
         for event in message["events"]:
-            if event["type"] == "job":
+            if event["type"] in ("job", "goodput"):  # not stored events: no seq of their own
                 await self.send_json(event)
                 continue
             if event["seq"] <= self.sent_seq:
@@ -215,6 +219,10 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
         return job_message(job, self.sent_seq, job.transitions.last())
 
     @database_sync_to_async
+    def _goodput(self) -> dict[str, Any]:
+        return goodput.message(self.job_id, self.sent_seq)
+
+    @database_sync_to_async
     def _snapshot(self) -> dict[str, Any]:
         with _consistent_read():
             job = Job.objects.get(pk=self.job_id)
@@ -244,6 +252,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                 "actions": newest("action"),
                 "checkpoints": newest("checkpoint"),
                 "memberships": newest("membership"),
+                "goodput": goodput.current(job.pk),
             }
 
 

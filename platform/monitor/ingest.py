@@ -2,13 +2,14 @@
 
 `StreamIngest.poll` reads the stream `ringside:job:<id>:events` with a consumer group, stores
 a batch in one transaction, acknowledges the batch only after the commit, then forwards the
-events to the channel-layer group `job-<id>`. The next batch is read, parsed and turned into
-rows (`prepare`) on another thread while the current one is written, which the database's work
-leaves free to run (the engine's event mix into PostgreSQL on a 2-core machine: about 2,900
-events/s without it, 3,700-5,000 with it). After a crash, a new StreamIngest under the same
-consumer name first re-reads what was delivered to it but never acknowledged; one under another
-name first claims what a dead consumer left pending (idle for `claim_idle_ms`). A poll that
-fails (Redis or the database went away) leaves the next one to start again from this
+events to the channel-layer group `job-<id>`, and after them the job's goodput ledger, which
+the batch's transaction brought up to date (monitor.goodput). The next batch is read, parsed
+and turned into rows (`prepare`) on another thread while the current one is written, which the
+database's work leaves free to run (the engine's event mix into PostgreSQL on a 2-core machine:
+about 2,900 events/s without it, 3,700-5,000 with it). After a crash, a new StreamIngest under
+the same consumer name first re-reads what was delivered to it but never acknowledged; one
+under another name first claims what a dead consumer left pending (idle for `claim_idle_ms`). A
+poll that fails (Redis or the database went away) leaves the next one to start again from this
 consumer's unacknowledged entries, so an outage skips nothing and reorders nothing. Storage
 ignores sequence numbers it already has, so every event is stored exactly once.
 
@@ -41,6 +42,7 @@ from django.db import connection, transaction
 
 from engine import contract
 from jobs.models import Job
+from monitor import goodput
 from monitor.models import (
     Action,
     Anomaly,
@@ -284,6 +286,8 @@ def write(job_id: int, batch: Batch) -> None:
                     on_conflict="(job_id, seq) DO NOTHING")
         # only forward: a replayed old batch must not move the job's step back
         Job.objects.filter(pk=job_id, step__lt=batch.last_step).update(step=batch.last_step)
+        # after the job's row: a transition locks it, then the ledger's (monitor.goodput)
+        goodput.fold_events(job_id, batch.parsed)
 
 
 def forward(job_id: int, messages: list[dict[str, Any]]) -> None:
@@ -370,7 +374,8 @@ class StreamIngest:
             raise
         if batch.events:
             self.last_seq = max(self.last_seq, batch.events[-1]["seq"])
-        forward(self.job_id, batch.events)
+            forward(self.job_id, batch.events)
+            forward(self.job_id, [goodput.message(self.job_id, self.last_seq)])
         return batch
 
     def _read_again(self) -> None:

@@ -175,3 +175,14 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="checkpoint_once")]
+
+
+class Goodput(models.Model):
+    """A job's goodput ledger (monitor.goodput.Ledger as JSON): kept current by the ingest,
+    which folds in each stored batch, and by every state transition."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, primary_key=True,
+                               related_name="goodput")
+    ledger = models.JSONField(help_text="monitor.goodput.Ledger.to_dict()")
+    last_seq = models.PositiveBigIntegerField(default=0,
+                                              help_text="the newest event folded in")

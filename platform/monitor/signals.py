@@ -3,7 +3,8 @@ the job's websocket group and to the list sockets of those who may see the job.
 
 It hangs on the state-history row (`JobEvent`) that `Job.transition` writes, and is sent after
 the transaction commits, so a client never hears of a state the database does not hold. This is
-the only push of a state change: every transition writes its row.
+the only push of a state change: every transition writes its row. The transition is folded
+into the job's goodput ledger in its own transaction, and the ledger is pushed with it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from jobs.models import JobEvent
+from monitor import goodput
 from monitor.ingest import job_group
 from monitor.messages import job_message
 from monitor.models import Event
@@ -35,6 +37,7 @@ def user_group(user_id: int) -> str:
 @receiver(post_save, sender=JobEvent, dispatch_uid="monitor-push-state")
 def push_state_change(sender: type, instance: JobEvent, created: bool, **kwargs: Any) -> None:
     if created:
+        goodput.fold_transition(instance)
         transaction.on_commit(lambda: _push(instance))
 
 
@@ -43,10 +46,11 @@ def _push(row: JobEvent) -> None:
     last = (Event.objects.filter(job_id=row.job_id).order_by("-seq")
             .values_list("seq", flat=True).first() or 0)
     layer = get_channel_layer()
+    ledger = goodput.message(row.job_id, last)
 
     async def send() -> None:
-        await layer.group_send(job_group(row.job_id),
-                               {"type": "job.events", "events": [job_message(row.job, last, row)]})
+        await layer.group_send(job_group(row.job_id), {"type": "job.events", "events": [
+            job_message(row.job, last, row), ledger]})
         listed = {"type": "job.state", "event": job_message(row.job, row.pk, row)}
         await layer.group_send(user_group(row.job.owner_id), listed)
         await layer.group_send(STAFF_GROUP, listed)

@@ -3,6 +3,7 @@
 import { api } from "./api.js";
 import { Controls } from "./controls.js";
 import { duration, el, num, rows, where } from "./format.js";
+import { Goodput } from "./goodput.js";
 import { MetricCharts } from "./metrics.js";
 import { Telemetry } from "./telemetry.js";
 
@@ -40,6 +41,7 @@ const charts = new MetricCharts(jobId, {
     controls.checkpoints.find((shown) => shown.step === c.step) ?? checkpointWithId(c)),
 });
 const telemetry = new Telemetry({ layoutAt });
+const goodput = new Goodput(jobId);
 let checkpointRows = new Map(); // event seq -> the API's checkpoint row (its id, branch)
 let transitions = []; // the API's state history of the job
 
@@ -219,6 +221,7 @@ function onSnapshot(message) {
   charts.load(message.series);
   telemetry.addOps(message.ops_history ?? []);
   telemetry.addExperts(message.experts_history ?? []);
+  goodput.show(message.goodput);
   if (FINAL.has(message.state) && !message.ops_history?.length) {
     telemetry.placeholders("not measured on this run");
   }
@@ -243,6 +246,7 @@ function onMessage(message) {
     case "step": onStep(message); break;
     case "ops": telemetry.addOps(message); break;
     case "experts": telemetry.addExperts(message); break;
+    case "goodput": goodput.show(message.goodput); break;
     case "anomaly": case "action": case "checkpoint": case "membership":
       onMark(message.type, message);
       break;

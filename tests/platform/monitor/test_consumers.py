@@ -69,10 +69,12 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
         client.close()
 
     await database_sync_to_async(publish_and_ingest)()
-    live = [await comm.receive_json_from(timeout=5) for _ in range(3)]
-    assert [(m["type"], m["seq"], m["step"]) for m in live] == [
+    live = [await comm.receive_json_from(timeout=5) for _ in range(4)]
+    assert [(m["type"], m["seq"], m["step"]) for m in live[:3]] == [
         ("step", 2, 2), ("step", 3, 3), ("step", 4, 4)]
     assert live[0]["loss"] == 2.5
+    # after the batch, the goodput ledger it brought up to date
+    assert (live[3]["type"], live[3]["seq"], live[3]["goodput"]["job"]) == ("goodput", 4, job.pk)
     assert await comm.receive_nothing(timeout=0.3)  # nothing twice, nothing from the snapshot
     await comm.disconnect()
 
@@ -95,10 +97,12 @@ async def test_a_client_reconnecting_after_a_seq_gets_what_it_missed_then_the_jo
     comm = communicator(job, "?after=1", user=user)
     connected, _ = await comm.connect()
     assert connected
-    replay = [await comm.receive_json_from(timeout=5) for _ in range(3)]
-    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3), ("job", 3)]
-    # a state change pushed while the client was away is not an event: it comes as the state
-    assert replay[-1]["state"] == job.state
+    replay = [await comm.receive_json_from(timeout=5) for _ in range(4)]
+    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3), ("job", 3),
+                                                     ("goodput", 3)]
+    # a state change pushed while the client was away is not an event: it comes as the state,
+    # and so does the goodput ledger
+    assert replay[2]["state"] == job.state
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
 
