@@ -25,7 +25,6 @@ import redis
 
 from engine.checkpoint.layout import MANIFEST
 from engine.ports import free_port
-from tests.lanes import lane_index, with_db
 from ringside.services import (
     REPO_ROOT,
     child_env,
@@ -34,6 +33,7 @@ from ringside.services import (
     web_processes,
     web_server_command,
 )
+from tests.lanes import lane_index, with_db
 
 PLATFORM_REDIS_DB = 14
 SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
