@@ -467,7 +467,7 @@ class PlanView(APIView):
         query = PlanQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         spec, budget = query.validated_data["spec"], query.validated_data["memory_budget_gb"] * 1e9
-        rows, compute = calibration.predict(spec, budget, DEFAULT_LINKS)
+        rows, compute, priced = calibration.predict(spec, budget, DEFAULT_LINKS)
         t = spec.train
         tokens = t.micro_batch * t.seq_len * t.grad_accum * spec.parallel.world_size
         known = compute.time_s is not None
@@ -477,7 +477,7 @@ class PlanView(APIView):
              "compute_time_s": r.compute_time_s if known else None,
              "comm_time_s": r.comm_time_s,
              "tokens_per_s": tokens / r.step_time_s if known else None,
-             "compute_source": compute.source,
+             "compute_source": compute.source, "link_source": priced.source,
              "memory_bytes": {"params": r.params_bytes, "grads": r.grads_bytes,
                               "optim": r.optim_bytes, "total": r.memory_bytes}}
             for r in rows]}).data)

@@ -10,7 +10,10 @@ platform knows, best source first:
    kept in `RUNS_DIR/calibration.json`; the first request sends the task;
 3. unknown: no number, and the reason.
 
-Communication is priced on the links that calibration measured too, once there are some.
+Communication is priced on the links that calibration measured too, once there are some;
+between hosts (`parallel.hosts` > 1) on the link a multi-host job measured: the bus bandwidth
+of its collectives over the hosts' rail (latency included, so priced with none of its own),
+else within-host figures, and the table says which.
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ class Compute:
     source: str
 
 
+@dataclass(frozen=True)
+class Priced:
+    """The links communication is priced on, and where the one between hosts came from."""
+
+    links: Links
+    source: str
+
+
 def calibration_path() -> Path:
     return settings.RUNS_DIR / "calibration.json"
 
@@ -87,19 +98,54 @@ def _links(host: dict | None, default: Links) -> Links:
     return Links(**{tier: Tier(**t) for tier, t in host["links"].items()})
 
 
-def predict(spec: JobSpec, budget_bytes: float, links: Links) -> tuple[list[PlanRow], Compute]:
+def predict(spec: JobSpec, budget_bytes: float,
+            links: Links) -> tuple[list[PlanRow], Compute, Priced]:
     """The planner's rows for `spec`'s model, batch and layout on this host's device (the
     engine's dtype there: fp32 on CPU, bf16 on GPU) and its measured links (else `links`),
     strategies that coincide merged."""
     host = host_calibration()
     device = (host or {}).get("device", "cpu")
     compute = estimate(spec, device, host)
+    priced = price_links(spec, _links(host, links))
     p, t = spec.parallel, spec.train
     topology = Topology(p.nodes, p.procs_per_node)
-    rows = plan(spec.model, topology, budget_bytes, t.grad_accum, _links(host, links),
+    rows = plan(spec.model, topology, budget_bytes, t.grad_accum, priced.links,
                 compute_time_s=compute.time_s or 0.0, dtype_bytes=4 if device == "cpu" else 2,
                 collective=p.collective)
-    return merge_equivalent(rows, topology), compute
+    return merge_equivalent(rows, topology), compute, priced
+
+
+def price_links(spec: JobSpec, host_links: Links) -> Priced:
+    """`host_links` with, for a job on several hosts, the inter-host link measured."""
+    if spec.parallel.hosts == 1:
+        return Priced(host_links, "between nodes: this host's")
+    measured = _measured_inter_link()
+    if measured is None:
+        return Priced(host_links, "between hosts: unknown until a job runs on several hosts; "
+                                  "priced as within this host")
+    job_id, tier = measured
+    return Priced(Links(host_links.intra, tier),
+                  f"between hosts: {tier.bandwidth * 8 / 1e9:.2f} Gbit/s, measured: job {job_id}")
+
+
+def _measured_inter_link() -> tuple[int, Tier] | None:
+    """(job id, the link) from the newest job on several hosts that timed collectives over
+    the hosts' rail: their bus bytes over their time, median over its recent steps."""
+    jobs = (Job.objects.filter(spec__parallel__hosts__gt=1).exclude(state=State.QUEUED)
+            .order_by("-pk"))
+    for job in jobs[:10]:
+        rates = [rate for e in _recent_ops(job) if (rate := _rail_bytes_per_s(e.data))]
+        if rates:
+            return job.pk, Tier(latency_s=0.0, bandwidth=statistics.median(rates))
+    return None
+
+
+def _rail_bytes_per_s(ops_event: dict) -> float | None:
+    rail = [op for op in ops_event.get("ops", {}).values()
+            if op.get("kind") == "collective" and op.get("group") == "inter"]
+    seconds = sum(op["median_ms"] for op in rail) / 1e3
+    bus_bytes = sum(op["busbw_gbps"] * 1e9 / 8 * op["median_ms"] / 1e3 for op in rail)
+    return bus_bytes / seconds if seconds > 0 and bus_bytes > 0 else None
 
 
 def estimate(spec: JobSpec, device: str, host: dict | None) -> Compute:
@@ -148,8 +194,13 @@ def _device(job: Job) -> str | None:
 
 def _compute_s(job: Job) -> float | None:
     """The median over recent steps of the median rank's compute, seconds."""
+    steps = [statistics.median(r["compute_ms"] for r in e.data["ranks"])
+             for e in _recent_ops(job) if e.data.get("ranks")]
+    return statistics.median(steps) / 1e3 if steps else None
+
+
+def _recent_ops(job: Job) -> list[Event]:
+    """The job's `ops` events of its last MEASURED_STEPS steps (its first, warm-up, left out)."""
     seqs = OpsSample.objects.filter(job=job, step__gt=1).order_by("-step").values_list(
         "seq", flat=True)[:MEASURED_STEPS]
-    steps = [statistics.median(r["compute_ms"] for r in e.data["ranks"])
-             for e in Event.objects.filter(job=job, seq__in=list(seqs)) if e.data.get("ranks")]
-    return statistics.median(steps) / 1e3 if steps else None
+    return list(Event.objects.filter(job=job, seq__in=list(seqs)))

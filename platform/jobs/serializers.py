@@ -355,6 +355,8 @@ class PlanQuery(serializers.Serializer):
                                   help_text="MoEConfig fields over the preset, a JSON object")
     nodes = serializers.IntegerField(default=ParallelSpec.nodes)
     procs_per_node = serializers.IntegerField(default=ParallelSpec.procs_per_node)
+    hosts = serializers.IntegerField(default=ParallelSpec.hosts,
+                                     help_text="the hosts the nodes are spread over")
     micro_batch = serializers.IntegerField(default=TrainSpec.micro_batch)
     seq_len = serializers.IntegerField(default=TrainSpec.seq_len)
     grad_accum = serializers.IntegerField(default=TrainSpec.grad_accum)
@@ -372,7 +374,7 @@ class PlanQuery(serializers.Serializer):
             data["spec"] = parse_spec({
                 "name": "plan", "model": {**data["model"], "preset": data["preset"]},
                 "parallel": {"nodes": data["nodes"], "procs_per_node": data["procs_per_node"],
-                             "collective": data["collective"]},
+                             "hosts": data["hosts"], "collective": data["collective"]},
                 "train": {k: data[k] for k in ("micro_batch", "seq_len", "grad_accum")},
             })
         except SpecError as e:  # named by the query parameter that holds the field
@@ -383,7 +385,8 @@ class PlanQuery(serializers.Serializer):
 
 # spec field -> the query parameter it comes from (model fields keep their spec names)
 _PLAN_PARAMS = {"model.preset": "preset", "parallel.nodes": "nodes",
-                "parallel.procs_per_node": "procs_per_node", "parallel.collective": "collective",
+                "parallel.procs_per_node": "procs_per_node", "parallel.hosts": "hosts",
+                "parallel.collective": "collective",
                 "train.micro_batch": "micro_batch", "train.seq_len": "seq_len",
                 "train.grad_accum": "grad_accum"}
 
@@ -409,6 +412,9 @@ class PlanRowSerializer(serializers.Serializer):
     compute_source = serializers.CharField(help_text=(
         'where compute came from: "measured: job 12", "calibrated matmul rate 35 GFLOP/s" '
         'or "unknown: ..." (then no step time)'))
+    link_source = serializers.CharField(help_text=(
+        'the link between nodes communication is priced on: "between nodes: this host\'s", '
+        'or on several hosts "between hosts: 0.94 Gbit/s, measured: job 12" (or why unknown)'))
     fits = serializers.BooleanField()
 
 

@@ -6,8 +6,8 @@
 import { api } from "./api.js";
 import { bytes, el, errorText } from "./format.js";
 
-const PARAMS = ["preset", "model", "nodes", "procs_per_node", "micro_batch", "seq_len", "grad_accum",
-                "collective", "memory_budget_gb"];
+const PARAMS = ["preset", "model", "nodes", "procs_per_node", "hosts", "micro_batch", "seq_len",
+                "grad_accum", "collective", "memory_budget_gb"];
 
 // a step takes from milliseconds to minutes: two significant decimals either way
 function stepTime(seconds) {
@@ -80,7 +80,8 @@ export class PlanTable {
     el("td", {}, p.fits ? "fits" : "too big")));
     this.container.replaceChildren(el("table", { class: "plan" },
       el("caption", {}, `Per device; budget ${bytes(budget)}. Fastest that fits first. `,
-         el("span", { class: "compute-source" }, sourceText(plans[0]?.compute_source))),
+         el("span", { class: "compute-source" }, sourceText(plans[0]?.compute_source)), " ",
+         el("span", { class: "link-source" }, `Links ${plans[0]?.link_source ?? ""}.`)),
       el("thead", {}, el("tr", {}, ["", "strategy", "params", "grads", "optimizer", "total",
                                     "step time", "tokens/s", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, body)));

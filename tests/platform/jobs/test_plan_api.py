@@ -10,7 +10,7 @@ import pytest
 from engine.horing.cost import Links, Tier
 from engine.horing.topology import Topology
 from engine.moe.config import flops_per_token, preset
-from engine.paro.planner import plan
+from engine.paro.planner import DEFAULT_LINKS, plan
 from engine.runtime.spec import parse_spec
 from jobs import calibration
 from jobs.models import Job, State
@@ -132,3 +132,48 @@ def test_the_calibration_task_measures_this_host_and_the_planner_uses_it(api):
     expected = plan(preset("tiny"), Topology(2, 2), 16e9, 1, links, dtype_bytes=4)
     assert row["comm_time_s"] == pytest.approx(
         next(r.comm_time_s for r in expected if r.strategy == row["strategy"]))
+
+
+def rail_ops(step: int, median_ms: float, busbw_gbps: float) -> dict:
+    """An `ops` event of a job on two hosts whose collectives over the hosts' rail took
+    `median_ms` at `busbw_gbps` (and within a host, much faster)."""
+    collective = {"kind": "collective", "count": 1, "collective": "all_reduce", "algo": "ring"}
+    return {"type": "ops", "step": step, "seq": step, "time": 1.0 + step, "step_ms": 50.0,
+            "void_share": 0.0, "data_wait_share": 0.0,
+            "ranks": [{"rank": r, "step_ms": 50.0, "compute_ms": 30.0, "comm_ms": 20.0,
+                       "data_ms": 0.0, "void_share": 0.0} for r in range(4)],
+            "ops": {"all_reduce.inter": {**collective, "group": "inter", "median_ms": median_ms,
+                                         "busbw_gbps": busbw_gbps},
+                    "reduce_scatter.intra": {**collective, "group": "intra", "median_ms": 1.0,
+                                             "busbw_gbps": 40.0}}}
+
+
+def test_on_several_hosts_communication_is_priced_on_the_link_a_multi_host_job_measured(
+        api, user):
+    two_hosts = {**TINY_1X2, "nodes": 2, "hosts": 2}
+    unknown = plans(api, **two_hosts)[0]
+    assert unknown["link_source"].startswith("between hosts: unknown")
+    assert plans(api, **{**two_hosts, "hosts": 1})[0]["link_source"] == "between nodes: this host's"
+
+    spec = parse_spec({"name": "2h", "model": {"preset": "tiny"},
+                       "parallel": {"nodes": 2, "procs_per_node": 2, "hosts": 2}})
+    job = Job.objects.create(name="2h", owner=user, spec=spec.to_dict(), state=State.COMPLETED)
+    store_events(job.pk, [rail_ops(step, 8.0, busbw) for step, busbw in
+                          ((2, 0.5), (3, 0.9), (4, 1.0))])
+    rows = {r["strategy"]: r for r in plans(api, **two_hosts)}
+    assert rows["NNN"]["link_source"] == f"between hosts: 0.90 Gbit/s, measured: job {job.pk}"
+
+    # the same prediction as the planner's on that link (latency included in its bandwidth)
+    links = calibration.price_links(parse_spec({**spec.to_dict(), "name": "x"}),
+                                    DEFAULT_LINKS).links
+    assert links.inter == Tier(latency_s=0.0, bandwidth=0.9e9 / 8)
+    expected = plan(preset("tiny"), Topology(2, 2), 16e9, 1, links, dtype_bytes=4)
+    nnn = next(r for r in expected if r.strategy == "NNN")
+    assert rows["NNN"]["comm_time_s"] == pytest.approx(nnn.comm_time_s)
+    # a slower rail than the host's loopback: dearer than on one host
+    assert rows["NNN"]["comm_time_s"] > unknown["comm_time_s"]
+
+
+def test_hosts_that_do_not_divide_the_nodes_are_400_naming_hosts(api):
+    response = api.get("/api/plan/", {**TINY_1X2, "nodes": 3, "hosts": 2})
+    assert response.status_code == 400 and "hosts" in response.json()
