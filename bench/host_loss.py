@@ -20,18 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from bench import cluster, host_cluster
 from bench.platform_env import REPO_ROOT  # also puts the platform's packages on the path
-from bench.worker_loss import TRAINING_ANOMALIES, Processes, submit, wait_until
-from engine.ports import free_port
-from ringside.services import child_env, redis_server_command, wait_for_port
+from bench.worker_loss import TRAINING_ANOMALIES, platform_services, submit, wait_until
 
 TARGET_S = 30.0
 START_S = 180.0
@@ -51,43 +47,21 @@ def tiny_spec(name: str, hosts: int, steps: int, checkpoint_every: int, **parall
 def platform_on_hosts(hosts: int, **env: str) -> Iterator[tuple[Any, Any]]:
     """(the cluster of `hosts` registered worker hosts, a user) on services of this run's own;
     everything is stopped and removed afterwards."""
-    tmp = Path(tempfile.mkdtemp(prefix="ringside-hosts-"))
-    redis_port = free_port()
-    service_env = child_env(REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-                            DATABASE_URL=os.environ.get("DATABASE_URL")
-                            or f"sqlite:///{tmp / 'bench.sqlite3'}",
-                            RUNS_DIR=str(tmp / "runs"), CELERY_QUEUE=f"hosts-{os.getpid()}",
-                            LOG_LEVEL="WARNING")
-    processes = Processes(service_env, tmp)
     os.environ.setdefault("RINGSIDE_CLUSTER", "rsbench")
-    owner = made = None
-    try:
-        redis = processes.start("redis", redis_server_command(redis_port, tmp / "redis"))
-        wait_for_port(redis_port, 15, redis)
-        os.environ.update(service_env)
-        import django
-
-        django.setup()
-        from django.contrib.auth import get_user_model
-        from django.core.management import call_command
-
+    with platform_services("hosts") as (processes, owner):
         from hosts.models import Host
 
-        call_command("migrate", interactive=False, verbosity=0)
-        owner = get_user_model().objects.create_user(f"hosts-bench-{os.getpid()}")
-        made = host_cluster.up(hosts, service_env, tmp, **env)
-        names = {h.name for h in made.hosts}
-        wait_until(lambda: names <= set(Host.objects.up().values_list("name", flat=True)),
-                   START_S, f"the hosts register: {made.log_tail(0)}")
-        yield made, owner
-    finally:
-        if made is not None:
-            for k in range(len(made.hosts)):
+        made = None
+        try:
+            made = host_cluster.up(hosts, processes.env, processes.folder, **env)
+            names = {h.name for h in made.hosts}
+            wait_until(lambda: names <= set(Host.objects.up().values_list("name", flat=True)),
+                       START_S, f"the hosts register: {made.log_tail(0)}")
+            yield made, owner
+        finally:
+            for k in range(len(made.hosts) if made is not None else 0):
                 made.kill(k)
-        cluster.down()
-        processes.stop_all()
-        if owner is not None:
-            owner.delete()
+            cluster.down()  # also what a start that failed half-way left
 
 
 def _events(job: Any, type: str, after: float) -> Any:

@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -214,19 +214,17 @@ def trial(index: int, owner: Any, workers: list[subprocess.Popen],
     }, doomed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=3)
-    args = parser.parse_args()
-
-    for name in REAPER_SETTINGS:  # measured at the defaults, whatever this shell sets
-        os.environ.pop(name, None)
-    tmp = Path(tempfile.mkdtemp(prefix="ringside-worker-loss-"))
+@contextmanager
+def platform_services(name: str) -> Iterator[tuple[Processes, Any]]:
+    """(the processes of a platform of this run's own, a user): a private redis-server, the
+    database of DATABASE_URL (unset: a SQLite file of the run's own) migrated, Django set up in
+    this process; the user (with its jobs) and every process are removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"ringside-{name}-"))
     redis_port = free_port()
     env = child_env(REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
                     DATABASE_URL=os.environ.get("DATABASE_URL")
                     or f"sqlite:///{tmp / 'bench.sqlite3'}",
-                    RUNS_DIR=str(tmp / "runs"), CELERY_QUEUE=f"worker-loss-{os.getpid()}",
+                    RUNS_DIR=str(tmp / "runs"), CELERY_QUEUE=f"{name}-{os.getpid()}",
                     LOG_LEVEL="WARNING")
     processes = Processes(env, tmp)
     owner = None
@@ -237,13 +235,30 @@ def main() -> None:
         import django
 
         django.setup()
-        from django.conf import settings
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
-        from django.db import connection
 
         call_command("migrate", interactive=False, verbosity=0)
-        owner = get_user_model().objects.create_user(f"worker-loss-{os.getpid()}")
+        owner = get_user_model().objects.create_user(f"{name}-{os.getpid()}")
+        yield processes, owner
+    finally:
+        processes.stop_all()
+        if owner is not None:
+            owner.delete()  # its jobs and everything stored for them
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+
+    for name in REAPER_SETTINGS:  # measured at the defaults, whatever this shell sets
+        os.environ.pop(name, None)
+    with platform_services("worker-loss") as (processes, owner):
+        from django.conf import settings
+        from django.db import connection
+
         processes.beat()
         workers = [processes.worker("worker-1"), processes.worker("worker-2")]
         trials = []
@@ -265,11 +280,6 @@ def main() -> None:
                          "worker_concurrency": 2, "database": connection.vendor,
                          "steps": STEPS, "checkpoint_every": CHECKPOINT_EVERY},
         }, indent=2))
-    finally:
-        processes.stop_all()
-        if owner is not None:
-            owner.delete()  # its jobs and everything stored for them
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
