@@ -25,6 +25,7 @@ import redis
 
 from engine.checkpoint.layout import MANIFEST
 from engine.ports import free_port
+from tests.lanes import lane_index, with_db
 from ringside.services import (
     REPO_ROOT,
     child_env,
@@ -33,7 +34,6 @@ from ringside.services import (
     web_processes,
     web_server_command,
 )
-from tests.lanes import lane_index, with_db
 
 PLATFORM_REDIS_DB = 14
 SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
