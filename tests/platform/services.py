@@ -19,13 +19,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 
 from engine.checkpoint.layout import MANIFEST
 from engine.ports import free_port
-from tests.lanes import lane_index, with_db
 from ringside.services import (
     REPO_ROOT,
     child_env,
@@ -42,9 +42,14 @@ SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
               "checkpoint": {"every": 0}}
 
 
+def _with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 @pytest.fixture(scope="session")
 def platform_redis_url(redis_url: str) -> str:
-    url = with_db(redis_url, PLATFORM_REDIS_DB - lane_index())
+    url = _with_db(redis_url, PLATFORM_REDIS_DB)
     client = redis.Redis.from_url(url)
     client.flushdb()  # job ids restart with each test database; so must their streams
     yield url
