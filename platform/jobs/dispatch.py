@@ -43,20 +43,22 @@ def send_schedule() -> None:
         log.warning("a scheduling pass could not be queued (%s); the reaper schedules", e)
 
 
-def send_run_job(job: Job) -> None:
+def send_run_job(job: Job) -> bool:
     """Send the placed job's supervisor task to its lead host; on success the job is no longer
-    undispatched."""
+    undispatched. Whether it was sent (not when the job holds no placement: not placed yet, or
+    released meanwhile)."""
     lead = (Reservation.objects.filter(job=job, incarnation=job.incarnation, node_rank=0,
                                        released_at=None).select_related("host").first())
     if lead is None:
-        return  # released meanwhile (cancelled): nothing to run
+        return False
     try:
         app.send_task(RUN_JOB, args=[job.pk, job.incarnation], queue=lead.host.queue)
     except OperationalError as e:
         log.warning("job %s: run_job could not be queued (%s); the reaper sends it again",
                     job.pk, e)
-        return
+        return False
     Job.objects.filter(pk=job.pk).update(undispatched_since=None)
+    return True
 
 
 def send_run_part(job: Job, reservation: Reservation, endpoint: str) -> None:

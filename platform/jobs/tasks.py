@@ -121,9 +121,9 @@ def _take_over(job: Job) -> bool:
 
 @shared_task(name="jobs.tasks.reap")
 def reap() -> list[int]:
-    """Requeue every supervised job whose supervisor stopped beating, send `run_job` again for
-    every placed job whose message never reached the broker, release slots no live job holds,
-    and schedule; returns the ids of the jobs requeued or sent."""
+    """Requeue every supervised job whose supervisor stopped beating, release slots no live job
+    holds, schedule, and send `run_job` again for every placed job whose message never reached
+    the broker; returns the ids of the jobs requeued, placed or sent."""
     requeued = []
     for job in Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S):
         beat = job.heartbeat_at.isoformat() if job.heartbeat_at else "never"
@@ -142,9 +142,10 @@ def reap() -> list[int]:
         log.warning("job %s: supervisor lost, requeued", job.pk)
     placement.release_orphans()
     requeued += schedule()
-    for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):
-        log.warning("job %s: queued at %s but its run_job message was not sent; sending it",
-                    job.pk, job.undispatched_since.isoformat())
-        send_run_job(job)
-        requeued.append(job.pk)
+    for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):  # placed ones, or waiting
+        since = job.undispatched_since.isoformat()
+        if send_run_job(job):
+            log.warning("job %s: placed, but its run_job message (due since %s) had not been "
+                        "sent; sent now", job.pk, since)
+            requeued.append(job.pk)
     return requeued

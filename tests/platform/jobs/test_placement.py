@@ -265,6 +265,16 @@ def test_the_reaper_releases_orphans_and_leaves_live_placements(user, settings):
     assert schedule() == [stale, unstarted]  # placed again, as new incarnations
 
 
+def test_the_reaper_does_not_report_a_job_that_waits_for_hosts_as_sent(user, settings):
+    from jobs.tasks import reap
+
+    settings.JOB_REAPER_INTERVAL_S = 0
+    host("host-a", slots=2)
+    waiting = job(user, hosts=2, waited_s=600)  # needs two hosts: stays queued, unplaced
+    assert reap() == [] and reap() == []
+    assert Job.objects.get(pk=waiting.pk).undispatched_since is not None  # still the queue's
+
+
 # -- concurrent placements --------------------------------------------------------------------
 
 def _at_once(*calls) -> list:
