@@ -111,6 +111,8 @@ def _take_over(job: Job) -> bool:
     the old supervisor stopped beating, else leave it to the one that still beats."""
     if not Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S).filter(pk=job.pk).exists():
         return False
+    if _stays_paused(job, f"its supervisor ({job.supervisor or 'unknown'}) was lost"):
+        return False
     try:
         job.requeue(Cause.WORKER_LOSS, f"its supervisor ({job.supervisor or 'unknown'}) was "
                     f"lost while the job was {job.state}; resuming from the newest checkpoint")
@@ -119,27 +121,50 @@ def _take_over(job: Job) -> bool:
     return True
 
 
+def _stays_paused(job: Job, lost: str) -> bool:
+    """A job paused warm whose supervisor was lost: a person paused it, so it stays paused
+    (cold now, its ranks' memory gone with the worker) rather than resume on its own; whether
+    it was one."""
+    if job.state != State.PAUSED_WARM:
+        return False
+    try:
+        job.transition(State.PAUSED, Cause.WORKER_LOSS, message=(
+            f"{lost} while paused warm: the ranks' memory is gone; resume continues from the "
+            "newest checkpoint"), expect=frozenset({State.PAUSED_WARM}))
+    except IllegalTransition:
+        return False  # resumed or cancelled meanwhile
+    log.warning("job %s: supervisor lost while paused warm; paused", job.pk)
+    return True
+
+
+def _supervisor_lost(job: Job) -> bool:
+    """The job's supervisor stopped beating: requeue it to resume from its newest checkpoint
+    (unless it `_stays_paused`); whether it was requeued."""
+    beat = job.heartbeat_at.isoformat() if job.heartbeat_at else "never"
+    lost = (f"its supervisor ({job.supervisor or 'unknown'}) stopped beating (last beat {beat}, "
+            f"now {timezone.now().isoformat()})")
+    with transaction.atomic():
+        # its lead host is passed over until it beats again: a live host does within
+        # HOST_BEAT_S, a lost one never, so the job is not placed back onto it
+        Host.objects.filter(reservations__in=job.placement[:1]).update(lost_at=timezone.now())
+        if _stays_paused(job, lost):
+            return False
+        try:
+            job.requeue(Cause.WORKER_LOSS, f"{lost}; resuming from the newest checkpoint")
+        except IllegalTransition:
+            return False  # it moved on meanwhile
+        dispatch(job)
+    log.warning("job %s: supervisor lost, requeued", job.pk)
+    return True
+
+
 @shared_task(name="jobs.tasks.reap")
 def reap() -> list[int]:
     """Requeue every supervised job whose supervisor stopped beating, release slots no live job
     holds, schedule, and send `run_job` again for every placed job whose message never reached
     the broker; returns the ids of the jobs requeued, placed or sent."""
-    requeued = []
-    for job in Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S):
-        beat = job.heartbeat_at.isoformat() if job.heartbeat_at else "never"
-        with transaction.atomic():
-            # its lead host is passed over until it beats again: a live host does within
-            # HOST_BEAT_S, a lost one never, so the job is not placed back onto it
-            Host.objects.filter(reservations__in=job.placement[:1]).update(lost_at=timezone.now())
-            try:
-                job.requeue(Cause.WORKER_LOSS, f"its supervisor ({job.supervisor or 'unknown'}) "
-                            f"stopped beating (last beat {beat}, now "
-                            f"{timezone.now().isoformat()}); resuming from the newest checkpoint")
-            except IllegalTransition:
-                continue  # it moved on meanwhile
-            dispatch(job)
-        requeued.append(job.pk)
-        log.warning("job %s: supervisor lost, requeued", job.pk)
+    requeued = [job.pk for job in Job.stale(settings.JOB_HEARTBEAT_TIMEOUT_S)
+                if _supervisor_lost(job)]
     placement.release_orphans()
     requeued += schedule()
     for job in Job.undispatched(settings.JOB_REAPER_INTERVAL_S):  # placed ones, or waiting

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from hosts.models import Host
-from jobs.models import Job, State
+from jobs.models import Cause, Job, State
 from monitor.models import Event, MetricPoint
 from tests.policies import OBSERVE_STRAGGLERS
 
@@ -108,6 +108,30 @@ def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
     assert [m[1] for m in moves[3:]] == ["starting", "running", "completing", "completed"]
     job.refresh_from_db()
     assert job.launches == 2 and job.step == 6
+
+
+def test_a_warm_paused_job_whose_supervisor_is_lost_stays_paused(user, small_spec, settings):
+    from jobs.tasks import reap, run_job
+
+    def warm_paused_and_lost(name: str) -> Job:
+        job = Job.objects.create(name=name, owner=user, spec=small_spec)
+        job.start(supervisor="elsewhere")
+        job.mark_running()
+        job.request_pause(Cause.USER, "ada")
+        job.mark_paused_warm("the ranks idle in memory")
+        Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(
+            seconds=settings.JOB_HEARTBEAT_TIMEOUT_S + 1))
+        return job
+
+    reaped = warm_paused_and_lost("reaped")
+    assert reap() == []  # found by the reaper: not requeued
+    redelivered = warm_paused_and_lost("redelivered")
+    assert run_job(redelivered.pk) == State.PAUSED  # found by its redelivered task: the same
+    for job in (reaped, redelivered):
+        last = job.transitions.last()
+        assert (last.from_state, last.to_state, last.cause) == ("paused_warm", "paused",
+                                                                 "worker_loss")
+        assert "resume continues from the newest checkpoint" in last.message
 
 
 @pytest.fixture
