@@ -2,13 +2,17 @@
 hold at the step boundary (or train on, observing) until a person decides or the deadline takes
 the policy's default; a decision on a proposal that moved on is refused with the reason.
 
-One rank, its collectives faked (tests/engine/runtime/test_commands.py's fakes)."""
+One rank with its collectives faked (tests/engine/runtime/test_commands.py's fakes), then the
+real CLI on two gloo ranks steered through its control file."""
+
+import time
 
 from engine.anomaly import Anomaly, Decision, FaultPolicy
 from engine.contract import ActionEvent, Command, CommandKind, ProposalEvent
 from engine.runtime.approvals import Approvals
 from engine.runtime.commands import CommandInbox, PauseWait
 from tests.engine.runtime.test_commands import Agreement, Clock, PollByPoll, Watchdog, handler
+from tests.engine.runtime.test_control import Run, nano
 
 SPIKE = Anomaly("loss_spike", "warning", 7, evidence={"z": 9.0})
 ROLLBACK = Decision("rollback", "loss_spike", 7, rung=0, reason="first occurrence")
@@ -116,3 +120,25 @@ def test_while_training_on_the_agreed_clock_times_the_proposal_out():
     timed_out = a.review(None, [], 9, NOW + 5.0)
     assert (timed_out.action, timed_out.step) == ("skip_update", 9)
     assert proposals(events)[1:] == [("timed_out", "skip_update", "timeout")]
+
+
+def test_two_ranks_hold_at_a_spike_until_the_rollback_is_approved(tmp_path):
+    spec = nano("approve", steps=16, every=5)
+    spec["faults"] = {"policy": {"actions": {"loss_spike": ["rollback"], "straggler": ["observe"]},
+                                 "approve": ["rollback"]},
+                      "inject": [{"kind": "loss_spike", "step": 12, "factor": 20}]}
+    run = Run(tmp_path, spec)
+    proposed = run.wait_for(lambda e: e["type"] == "proposal")
+    assert (proposed["status"], proposed["action"], proposed["step"]) == ("pending", "rollback", 12)
+    time.sleep(1)  # the ranks hold: no step past the spike
+    assert max(e["step"] for e in run.events() if e["type"] == "step") == 11
+    run.command("decide", proposal=proposed["id"], choice="approve")
+    assert run.finish() == 0
+
+    events = run.events()
+    decided = [e for e in events if e["type"] == "proposal"][-1]
+    assert (decided["status"], decided["take"], decided["by"]) == (
+        "approved", "rollback", "command test-decide")
+    rollback = next(e for e in events if e["type"] == "action" and e["action"] == "rollback")
+    assert (rollback["by"], rollback["from_step"], rollback["to_step"]) == ("policy", 12, 10)
+    assert [e["step"] for e in events if e["type"] == "step"][-1] == 16
