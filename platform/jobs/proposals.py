@@ -45,5 +45,5 @@ def on_event(job: Job, event: ProposalEvent) -> None:
                                  if k not in ("type", "job", "time", "seq")})
     elif event.status == ProposalStatus.TIMED_OUT:
         AuditEntry.record("proposal.timeout", ENGINE_ACTOR, Cause.ENGINE, job=job,
-                          proposal=event.id, action=event.action, take=event.take,
+                          proposal=event.id, proposed=event.action, take=event.take,
                           step=event.step)
