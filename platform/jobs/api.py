@@ -72,6 +72,7 @@ from jobs.serializers import (
     PauseBody,
     PlanQuery,
     PlanSerializer,
+    ProposalSerializer,
     ReshardBody,
     RollbackBody,
     SetBody,
@@ -302,14 +303,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def set(self, request: Request, pk: str) -> Response:
         return self._steer(request, CommandKind.SET, SetBody)
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, **ERRORS}, filters=False,
+    @extend_schema(responses={200: ProposalSerializer(many=True), **ERRORS}, filters=False,
                    description="The fault policy's proposals (`faults.policy.approve`), oldest "
-                   "first, each as its latest `proposal` event says: `pending` with the "
-                   "anomaly's `evidence`, its `deadline` and `default`, or decided with `take` "
-                   "and `by`.")
+                   "first (paginated), each as its latest `proposal` event says: `pending` "
+                   "with the anomaly's `evidence`, its `deadline` and `default`, or decided "
+                   "with `take` and `by`.")
     @action(detail=True, methods=["get"], url_path="proposals", url_name="proposals")
     def proposal_list(self, request: Request, pk: str) -> Response:
-        return Response(proposals.proposals(self.get_object()))
+        return self._page(proposals.proposals(self.get_object()), ProposalSerializer)
 
     @extend_schema(request=DecideBody, parameters=[idempotency.PARAMETER],
                    responses={**STEERED, 409: OpenApiResponse(

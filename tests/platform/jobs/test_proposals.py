@@ -41,8 +41,9 @@ def test_a_bad_decision_is_refused_naming_the_field_and_nothing_is_sent(api, run
 
 def test_a_decision_reaches_the_engine_as_a_decide_command_and_is_audited(api, running):
     store_events(running.pk, [PENDING])
-    assert [p["status"] for p in api.get(f"/api/jobs/{running.pk}/proposals/").json()] == [
-        "pending"]
+    listed = api.get(f"/api/jobs/{running.pk}/proposals/").json()["results"]
+    assert [(p["id"], p["status"], p["evidence"]) for p in listed] == [
+        ("p-8-1", "pending", {"z": 9.0})]
     response = decide(api, running.pk, "p-8-1", choice="choose", action="lr_cut")
     assert response.status_code == 202, response.json()
     assert control_commands(running)[-1]["args"] == {"proposal": "p-8-1", "choice": "choose",
