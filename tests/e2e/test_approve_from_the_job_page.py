@@ -33,6 +33,8 @@ def test_a_proposed_rollback_is_approved_from_the_job_page(
     expect(decided).to_contain_text("approved: took rollback at step 8", timeout=30_000)
     expect(page.locator("#proposals button")).to_have_count(0)
     expect(page.locator("#feed li[data-kind=rollback]")).to_contain_text("for loss_spike")
+    expect(page.locator("#results li[data-kind=decide]")).to_contain_text(
+        "Decision done at step 8: p-8-1 approved, took rollback")
     expect(page.locator("#state")).to_have_text("completed", timeout=60_000)
     page.screenshot(path=output_dir / "approved.png", full_page=True)
 
