@@ -76,6 +76,7 @@ class CommandKind(StrEnum):
     ROLLBACK = "rollback"
     RESHARD = "reshard"
     SET = "set"  # live hyper-parameters (engine.runtime.settings)
+    DECIDE = "decide"  # a person's answer to a proposal (engine.runtime.approvals)
 
 
 class PauseMode(StrEnum):
@@ -109,6 +110,7 @@ COMMAND_RULES: dict[CommandKind, CommandRule] = {
     CommandKind.ROLLBACK: CommandRule(frozenset({_S.RUNNING}), _S.ROLLING_BACK),
     CommandKind.RESHARD: CommandRule(frozenset({_S.RUNNING}), _S.RESHARDING),
     CommandKind.SET: CommandRule(frozenset({_S.RUNNING}), None),
+    CommandKind.DECIDE: CommandRule(frozenset({_S.RUNNING}), None),
 }
 
 
@@ -344,6 +346,46 @@ class ActionEvent(Event):
         return self.action == "refused"
 
 
+class Choice(StrEnum):
+    """`decide` args `choice`: take the proposed action, take `args.action` instead, or
+    neither (observe)."""
+
+    APPROVE = "approve"
+    CHOOSE = "choose"
+    DISMISS = "dismiss"
+
+
+class ProposalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    CHOSEN = "chosen"  # a person chose another action
+    DISMISSED = "dismissed"
+    TIMED_OUT = "timed_out"  # nobody answered by the deadline: the policy's default was taken
+
+
+@dataclass(kw_only=True)
+class ProposalEvent(Event):
+    """An action of the fault ladder that waits for a person (`faults.policy.approve`): sent
+    `pending` with the anomaly's evidence, the wall-clock `deadline` and the `default` taken
+    then, and again once it is decided, with the action taken (`take`) and who decided `by`
+    (a person's `decide` command, naming its id, or the timeout). `hold`: whether the ranks
+    wait at the step boundary meanwhile (else they train on, observing)."""
+
+    type: ClassVar[str] = "proposal"
+    id: str
+    status: str
+    action: str
+    anomaly: str
+    deadline: float
+    default: str
+    hold: bool
+    rank: int | None = None
+    evidence: dict = field(default_factory=dict)
+    take: str | None = None
+    by: str | None = None
+    command: str | None = None
+
+
 @dataclass(kw_only=True)
 class CheckpointEvent(Event):
     type: ClassVar[str] = "checkpoint"
@@ -378,7 +420,7 @@ class LogEvent(Event):
 EVENT_CLASSES: dict[str, type[Event]] = {
     cls.type: cls for cls in (StateEvent, StepEvent, OpsEvent, ExpertsEvent, AnomalyEvent,
                               ActionEvent, CheckpointEvent, MembershipEvent,
-                              LogEvent)
+                              LogEvent, ProposalEvent)
 }
 EVENT_TYPES = tuple(EVENT_CLASSES)
 

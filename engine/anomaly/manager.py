@@ -33,6 +33,7 @@ class FaultManager:
         self.ladder = ResponseLadder(policy)
         self.group = group
         self._reported: collections.deque[Anomaly] = collections.deque()
+        self.now = 0.0  # the wall clock the ranks agreed on in the last `step`
 
     def set_policy(self, policy: FaultPolicy) -> None:
         """New thresholds and ladders from the next step on; what the detectors have seen and
@@ -59,8 +60,8 @@ class FaultManager:
             found += self.detectors.check_experts(step, experts)
         while self._reported:
             found.append(self._reported.popleft())
-        agreed, now = agree_anomalies(found, self.group)
-        return agreed, self.ladder.decide(agreed, step, now)
+        agreed, self.now = agree_anomalies(found, self.group)
+        return agreed, self.ladder.decide(agreed, step, self.now)
 
     def state_dict(self) -> dict[str, Any]:
         return {"detectors": self.detectors.state_dict(), "ladder": self.ladder.state_dict()}

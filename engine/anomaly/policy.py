@@ -1,7 +1,10 @@
 """The fault policy (`faults.policy` of the job spec) and its one validator.
 
 Thresholds override DEFAULTS per anomaly kind and parameter; `actions` replaces a kind's
-ladder in DEFAULT_LADDERS (see detectors.py and ladder.py for what they mean). Errors name
+ladder in DEFAULT_LADDERS (see detectors.py and ladder.py for what they mean). The actions
+in `approve` wait for a person (engine.runtime.approvals): `approve_timeout_s` later the run
+takes `approve_default` ("proposed": the proposed action, or a named action; "pause" pauses),
+and meanwhile it holds at the step boundary, or trains on (`approve_while: "observe"`). Errors name
 the spec field, `faults.policy.<field>`, since the spec's validation reports them as its own.
 Torch-free: the platform validates specs in its web processes.
 """
@@ -68,7 +71,9 @@ _PATH = "faults.policy"
 # Upper bounds (README's spec table): a day's hang timeout, a hundred restarts, and for every
 # threshold (counts of steps, factors, z-scores) a million, which no detector needs.
 BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100,
-                          "thresholds.*.*": 1_000_000}
+                          "approve_timeout_s": 86400, "thresholds.*.*": 1_000_000}
+PROPOSED = "proposed"  # `approve_default`: on timeout, take the action that was proposed
+APPROVE_WHILE = ("hold", "observe")  # what the run does while a proposal waits
 
 
 @dataclass
@@ -77,16 +82,21 @@ class FaultPolicy:
     actions: dict[str, list[str]] = field(default_factory=dict)
     hang_timeout_s: float = 300.0
     max_restarts: int = 3
+    approve: list[str] = field(default_factory=list)
+    approve_timeout_s: float = 300.0
+    approve_default: str = PROPOSED
+    approve_while: str = "hold"
 
 
 def policy_errors(policy: FaultPolicy) -> dict[str, str]:
     """Every problem in `policy` as {dotted spec field: message}; empty when it is valid."""
-    errors = {**_threshold_errors(policy.thresholds), **_action_errors(policy.actions)}
+    errors = {**_threshold_errors(policy.thresholds), **_action_errors(policy.actions),
+              **_approval_errors(policy)}
     if policy.hang_timeout_s <= 0:
         errors[f"{_PATH}.hang_timeout_s"] = "must be positive"
     if policy.max_restarts < 0:
         errors[f"{_PATH}.max_restarts"] = "must be at least 0"
-    for name in ("hang_timeout_s", "max_restarts"):
+    for name in ("hang_timeout_s", "max_restarts", "approve_timeout_s"):
         if getattr(policy, name) > BOUNDS[name]:
             errors[f"{_PATH}.{name}"] = f"must be at most {BOUNDS[name]}"
     return errors
@@ -145,4 +155,20 @@ def _action_errors(actions: dict[str, list[str]]) -> dict[str, str]:
                 if action not in LADDER_ACTIONS:
                     errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
                                              f"{', '.join(LADDER_ACTIONS)}")
+    return errors
+
+
+def _approval_errors(policy: FaultPolicy) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for i, action in enumerate(policy.approve):
+        if action not in LADDER_ACTIONS:
+            errors[f"{_PATH}.approve.{i}"] = (f"unknown action {action!r}; valid: "
+                                              f"{', '.join(LADDER_ACTIONS)}")
+    if not policy.approve_timeout_s > 0:
+        errors[f"{_PATH}.approve_timeout_s"] = "must be a positive number of seconds"
+    if policy.approve_default not in (PROPOSED, *LADDER_ACTIONS):
+        errors[f"{_PATH}.approve_default"] = (f"must be {PROPOSED!r} or an action: "
+                                              f"{', '.join(LADDER_ACTIONS)}")
+    if policy.approve_while not in APPROVE_WHILE:
+        errors[f"{_PATH}.approve_while"] = f"must be one of {', '.join(APPROVE_WHILE)}"
     return errors

@@ -9,6 +9,8 @@ refuses it with the reason, answering each with an `action` event that names its
 A warm pause (`pause` with args `{"mode": "warm", "max_s": N}`) holds the ranks at the step
 boundary, their state in memory: `PauseWait` lets them idle until rank 0 reads a command (a
 `resume` goes on training at once) or the pause outlives `max_s` and turns cold.
+
+A `decide` command answers a proposal of the fault policy (engine.runtime.approvals).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class Outcome:
     reason: str | None = None  # said in the launcher's final `state` event
 
 
+def refusal(step: int, command: Command, error: str) -> ActionEvent:
+    """The `action` event that refuses `command` with the reason."""
+    return ActionEvent(step=step, action="refused", command=command.id, kind=command.kind,
+                       error=error)
+
+
 def broadcast_from_rank0(box: list[Any]) -> None:
     dist.broadcast_object_list(box, src=0)
 
@@ -69,6 +77,8 @@ class CommandInbox:
         self.emit = emit
         self.broadcast = broadcast
         self.pending: list[Command] = []  # read, not yet taken
+        # taken, the same on every rank, while the ranks held for a proposal: handed out next
+        self.deferred: list[Command] = []
         self.due = 0  # how many of them every rank takes after this step (all-reduced)
 
     def poll(self, step: int) -> int:
@@ -82,14 +92,16 @@ class CommandInbox:
         return len(self.pending)
 
     def take(self) -> list[Command]:
-        """The `due` commands, the same on every rank (a collective when there are any)."""
+        """The deferred commands, then the `due` ones, the same on every rank (a collective
+        when any are due)."""
+        deferred, self.deferred = self.deferred, []
         if not self.due:
-            return []
+            return deferred
         box = [self.pending[: self.due]] if self.channel is not None else [None]
         self.broadcast(box)
         del self.pending[: self.due]
         self.due = 0
-        return box[0]
+        return deferred + box[0]
 
 
 class Pausable(Protocol):
@@ -174,15 +186,22 @@ class HasStep(Protocol):
     step: int
 
 
+class Answers(Protocol):
+    """What answers a `decide` command (engine.runtime.approvals.Approvals)."""
+
+    def answer(self, command: Command, step: int) -> None: ...
+
+
 class CommandHandler:
     def __init__(self, spec: JobSpec, world_size: int, state: HasStep,
                  checkpoints: Checkpoints, emit: Emit, settings: LiveSettings,
-                 wait: PauseWait):
+                 wait: PauseWait, approvals: Answers | None = None):
         self.spec, self.world_size, self.state = spec, world_size, state
         self.checkpoints = checkpoints
         self.emit = emit
         self.settings = settings
         self.wait = wait
+        self.approvals = approvals
 
     def handle(self, commands: list[Command]) -> Outcome | None:
         """Carry out `commands` in order until one ends the run; returns how it ends."""
@@ -190,8 +209,7 @@ class CommandHandler:
             try:
                 outcome = self.act(command)
             except (CommandRefused, SpecError) as e:
-                self.emit(ActionEvent(step=self.state.step, action="refused",
-                                      command=command.id, kind=command.kind, error=str(e)))
+                self.emit(refusal(self.state.step, command, str(e)))
                 continue
             if outcome is not None:
                 return outcome
@@ -225,6 +243,8 @@ class CommandHandler:
         elif kind == CommandKind.CANCEL:
             self._ack(command)
             return Outcome(str(kind), self.state.step)
+        elif kind == CommandKind.DECIDE and self.approvals is not None:
+            self.approvals.answer(command, self.state.step)  # it answers with its own event
         else:
             raise CommandRefused(f"{kind}: the job is running; resume applies to a paused job")
         return None

@@ -3,7 +3,8 @@ the loop does with its update.
 
 Every rank runs `judge` (it is collective: the ranks agree on the anomalies) and gets the same
 verdict; rank 0 publishes the anomalies and the decisions. The loop applies the verdict in one
-place and calls `announce` once it is carried out, with what it did.
+place and calls `announce` once it is carried out, with what it did. A decision that waits for
+a person (`faults.policy.approve`) goes through `Approvals.review` first.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from engine.anomaly import Decision, FaultManager
 from engine.contract import ActionBy, ActionEvent, AnomalyEvent, Event
+from engine.runtime.approvals import Approvals
 
 Emit = Callable[[Event], None]
 
@@ -95,9 +97,10 @@ class FaultResponse:
     """Runs the fault manager once per step on the signals of the step before (throughput,
     memory, timings and routing are known only once a step has ended) and this step's loss."""
 
-    def __init__(self, faults: FaultManager, emit: Emit):
+    def __init__(self, faults: FaultManager, emit: Emit, approvals: Approvals | None = None):
         self.faults = faults
         self.emit = emit
+        self.approvals = approvals
         self.signals: dict[str, Any] = {}  # the last completed step's
         self.found = False  # whether the last judged step raised anomalies
 
@@ -122,7 +125,10 @@ class FaultResponse:
             self.emit(AnomalyEvent(step=step, **anomaly.event_fields()))
         for decision in decisions[1:]:  # recorded; the first is announced once carried out
             self.emit(decision_event(decision))
-        return verdict_for(decisions[0] if decisions else None)
+        strongest = decisions[0] if decisions else None
+        if self.approvals is not None:
+            strongest = self.approvals.review(strongest, anomalies, step, self.faults.now)
+        return verdict_for(strongest)
 
     def announce(self, verdict: Verdict, **outcome: Any) -> None:
         """Publish the decision carried out, with what it did (e.g. the checkpoint)."""

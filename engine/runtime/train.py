@@ -1,11 +1,9 @@
 """The training loop, run once per rank: the one place where the engine's parts meet.
 
-`Trainer(spec, run_dir, events).fit()` builds the model, the data loaders and the data-parallel
-wrapper and the loop's components, then runs optimizer steps. Each component owns its config
-and state: the fault response (`response`), the commands (`commands`), the measurements and
-their events (`telemetry`), the checkpoints (`checkpointing`) and the loop's own progress
-(`state`, saved with every checkpoint). Every rank runs the same code; rank 0 publishes events.
-Decisions that must agree across ranks come from all-reduced values only: all act at one step.
+`Trainer(spec, run_dir, events).fit()` builds the model, data, data-parallel wrapper and the
+loop's components (each owns its config and state: the fault `response` with its `approvals`,
+the commands, `telemetry`, checkpoints, the loop's `state`), then runs optimizer steps. Every
+rank runs the same code; rank 0 publishes events. Cross-rank decisions use all-reduced values.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from engine.horing import Topology
 from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
 from engine.paro import ShardedDataParallel
+from engine.runtime.approvals import Approvals
 from engine.runtime.checkpointing import TrainCheckpoints
 from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome, PauseWait
 from engine.runtime.control import ControlChannel
@@ -95,7 +94,6 @@ class Trainer:
             metrics=(MetricsServer(metrics_port, job=spec.name)
                      if self.rank == 0 and metrics_port is not None else None),
         )
-        self.response = FaultResponse(self.faults, self.emit)
         self.inbox = CommandInbox(control if self.rank == 0 else None, self.emit)
         self.injector = FaultInjector(spec.faults.inject, self.rank, state_dir=run_dir / "faults")
         self.model.register_forward_hook(self._inject_loss_faults)
@@ -103,9 +101,11 @@ class Trainer:
                                  publisher=self.events is not None)
         self.watchdog = HangWatchdog(self.timer, policy.hang_timeout_s, run_dir / "hangs",
                                      on_hang=self.hangs.on_hang)
+        wait = PauseWait(self.inbox, self.watchdog)
+        self.approvals = Approvals(policy, wait, self.emit)
+        self.response = FaultResponse(self.faults, self.emit, self.approvals)
         self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit, self.state.settings,
-                                       PauseWait(self.inbox, self.watchdog))
+                                       self.emit, self.state.settings, wait, self.approvals)
         self.hangs.publish()
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:

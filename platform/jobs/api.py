@@ -32,11 +32,11 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from engine.contract import COMMAND_RULES, CommandKind
+from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import calibration, exports, idempotency
+from jobs import calibration, exports, idempotency, proposals
 from jobs.errors import (
     BAD_BODY,
     BAD_QUERY,
@@ -60,6 +60,7 @@ from jobs.serializers import (
     CommandBody,
     CommandRulesSerializer,
     CommandSerializer,
+    DecideBody,
     ExportSerializer,
     JobDetailSerializer,
     JobEventSerializer,
@@ -71,6 +72,7 @@ from jobs.serializers import (
     PauseBody,
     PlanQuery,
     PlanSerializer,
+    ProposalSerializer,
     ReshardBody,
     RollbackBody,
     SetBody,
@@ -89,6 +91,15 @@ class Conflict(APIException):
 
     def __init__(self, error: IllegalTransition):
         super().__init__({"detail": str(error), "state": error.state})
+
+
+class ProposalDecided(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "proposal_decided"
+
+    def __init__(self, proposal: dict):
+        super().__init__({"detail": proposals.why_not_pending(proposal),
+                          "status": proposal["status"]})
 
 
 # what every steering action answers
@@ -213,14 +224,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             dispatch(job)
         return job
 
-    def _steer(self, request: Request, kind: CommandKind, body: type[CommandBody]) -> Response:
+    def _steer(self, request: Request, kind: CommandKind, body: type[CommandBody],
+               **context) -> Response:
         """Validate the body, issue the command, answer 202 with it (409 when the job's state
         does not allow it)."""
         job = self.get_object()
         if not isinstance(request.data, dict):
             return Response({"non_field_errors": ["the body must be a JSON object"]},
                             status=status.HTTP_400_BAD_REQUEST)
-        validator = body(data=request.data, context={"job": job})
+        validator = body(data=request.data, context={"job": job, **context})
         validator.is_valid(raise_exception=True)
         data = validator.validated_data
         try:
@@ -290,6 +302,33 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @idempotent
     def set(self, request: Request, pk: str) -> Response:
         return self._steer(request, CommandKind.SET, SetBody)
+
+    @extend_schema(responses={200: ProposalSerializer(many=True), **ERRORS}, filters=False,
+                   description="The fault policy's proposals (`faults.policy.approve`), oldest "
+                   "first (paginated), each as its latest `proposal` event says: `pending` "
+                   "with the anomaly's `evidence`, its `deadline` and `default`, or decided "
+                   "with `take` and `by`.")
+    @action(detail=True, methods=["get"], url_path="proposals", url_name="proposals")
+    def proposal_list(self, request: Request, pk: str) -> Response:
+        return self._page(proposals.proposals(self.get_object()), ProposalSerializer)
+
+    @extend_schema(request=DecideBody, parameters=[idempotency.PARAMETER],
+                   responses={**STEERED, 409: OpenApiResponse(
+                       DETAIL, description="the job's state does not allow it, or the "
+                       "proposal is no longer pending (`detail` says what became of it)")},
+                   description="Answer a pending proposal: approve it, choose another action, "
+                   "or dismiss it. The engine carries the answer out on the step it holds at "
+                   "(or, training on, at its next step); audited.")
+    @action(detail=True, methods=["post"], url_name="proposal-decide",
+            url_path=r"proposals/(?P<proposal_id>[A-Za-z0-9_.-]+)/decide")
+    @idempotent
+    def decide(self, request: Request, pk: str, proposal_id: str) -> Response:
+        proposal = proposals.find(self.get_object(), proposal_id)
+        if proposal is None:
+            raise NotFound(f"no proposal {proposal_id} of this job")
+        if proposal["status"] != ProposalStatus.PENDING:
+            raise ProposalDecided(proposal)
+        return self._steer(request, CommandKind.DECIDE, DecideBody, proposal=proposal_id)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **ERRORS}, filters=False,
                    description="The live settings: `effective` values (the spec's, with the "

@@ -9,7 +9,16 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from engine.contract import COLLECTIVES, STRATEGIES, CommandKind, CommandRule, PauseMode
+from engine.anomaly.policy import LADDER_ACTIONS
+from engine.contract import (
+    COLLECTIVES,
+    STRATEGIES,
+    Choice,
+    CommandKind,
+    CommandRule,
+    PauseMode,
+    ProposalStatus,
+)
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
 from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec, with_layout
@@ -300,6 +309,42 @@ class SetBody(CommandBody):
             raise serializers.ValidationError(
                 {k or api_settings.NON_FIELD_ERRORS_KEY: v for k, v in e.errors.items()}) from e
         return {"args": data, "engine_args": values}
+
+
+class ProposalSerializer(serializers.Serializer):
+    """A proposal of the fault policy as its latest `proposal` event tells it."""
+
+    id = serializers.CharField()
+    step = serializers.IntegerField(help_text="where it was made, or decided")
+    status = serializers.ChoiceField(choices=[str(s) for s in ProposalStatus])
+    action = serializers.CharField(help_text="the proposed action")
+    anomaly = serializers.CharField()
+    rank = serializers.IntegerField(allow_null=True, default=None)
+    evidence = serializers.DictField(help_text="the anomaly's evidence")
+    deadline = serializers.FloatField(help_text="wall-clock seconds since the epoch")
+    default = serializers.CharField(help_text="the action taken at the deadline")
+    hold = serializers.BooleanField(help_text="whether the run holds while it waits")
+    take = serializers.CharField(allow_null=True, default=None, help_text="the action taken")
+    by = serializers.CharField(allow_null=True, default=None,
+                               help_text="who decided: a command, or the timeout")
+    command = serializers.CharField(allow_null=True, default=None)
+
+
+class DecideBody(CommandBody):
+    """A person's answer to a proposal of the fault policy (the proposal named in the URL)."""
+
+    choice = serializers.ChoiceField(
+        choices=[str(c) for c in Choice],
+        help_text="approve: take the proposed action; choose: take `action` instead; dismiss: "
+                  "neither (the run observes)")
+    action = serializers.ChoiceField(choices=list(LADDER_ACTIONS), required=False,
+                                     help_text="choose: the action to take")
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if (data["choice"] == Choice.CHOOSE) != ("action" in data):
+            raise serializers.ValidationError(
+                {"action": f"needed with choice {Choice.CHOOSE}, and only with it"})
+        return super().validate({"proposal": self.context["proposal"], **data})
 
 
 class CloneBody(serializers.Serializer):

@@ -33,7 +33,7 @@ from engine import contract
 from engine.contract import ExitCode, JobState, PauseMode
 from engine.ports import free_port
 from engine.runtime.events import BUS_RETRY_S, BusOutage
-from jobs import commands, placement, policy
+from jobs import commands, placement, policy, proposals
 from jobs.dispatch import send_run_part, send_schedule
 from jobs.launch import kill_group, run_dir, start_engine, stderr_tail
 from jobs.membership import (
@@ -227,6 +227,8 @@ class Supervisor:
         elif isinstance(event, contract.CheckpointEvent):
             if self.regroup and event.tier == "disk" and self.job.state == State.RUNNING:
                 self.pause_to_regroup()
+        elif isinstance(event, contract.ProposalEvent):
+            proposals.on_event(self.job, event)
         elif isinstance(event, contract.AnomalyEvent):
             notify(self.job, "anomaly", {"kind": event.kind, "severity": event.severity,
                                          "rank": event.rank, "step": event.step,

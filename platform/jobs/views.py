@@ -75,7 +75,8 @@ def _next_name(request: HttpRequest, name: str) -> str:
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
     spec_text = json.dumps(job.spec, indent=2)
-    return render(request, "jobs/detail.html", {"job": job, "spec_text": spec_text})
+    return render(request, "jobs/detail.html", {"job": job, "spec_text": spec_text,
+                                                "ladder_actions": list(LADDER_ACTIONS)})
 
 
 @login_required

@@ -3,17 +3,17 @@
 `/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
 `last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
 min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions`,
-`checkpoints` and `memberships` events), then the events as published (`step`, `ops`,
-`experts`, `anomaly`, `action`, `checkpoint`, `membership`, `state`, `log`), in sequence
-order, and `{"type": "job", ...}` when the platform moves the job's state. The snapshot's
-`goodput` is the job's goodput ledger (monitor.goodput), and a `{"type": "goodput", "goodput":
-...}` message brings it again after every stored batch of events and every state change. A client
-reconnecting with `?after=<seq>` gets, instead of the snapshot, exactly the stored events
-after that sequence number, then the live ones. The consumer joins the job's group before
-reading the database and drops live events it already sent, so nothing falls between the
-two; if live events were dropped on the way (the channel layer sheds messages for a client too
-slow to take them), the gap is read back from the database before the next event is sent,
-so a slow client loses nothing and slows no one.
+`checkpoints`, `memberships` and `proposals` events), then the events as published (`step`,
+`ops`, `experts`, `anomaly`, `action`, `checkpoint`, `membership`, `proposal`, `state`, `log`),
+in sequence order, and `{"type": "job", ...}` when the platform moves the job's state. The
+snapshot's `goodput` is the job's goodput ledger (monitor.goodput), and a `{"type": "goodput",
+"goodput": ...}` message brings it again after every stored batch of events and every state
+change. A client reconnecting with `?after=<seq>` gets, instead of the snapshot, exactly the
+stored events after that sequence number, then the live ones. The consumer joins the job's
+group before reading the database and drops live events it already sent, so nothing falls
+between the two; if live events were dropped on the way (the channel layer sheds messages for a
+client too slow to take them), the gap is read back from the database before the next event is
+sent, so a slow client loses nothing and slows no one.
 
 The snapshot also holds `ops_history` and `experts_history`: the newest 300 steps' `ops` and
 `experts` events, as the job page keeps them (per-rank op times only in the last 10).
@@ -252,6 +252,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                 "actions": newest("action"),
                 "checkpoints": newest("checkpoint"),
                 "memberships": newest("membership"),
+                "proposals": newest("proposal"),
                 "goodput": goodput.current(job.pk),
             }
 

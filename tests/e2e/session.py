@@ -22,14 +22,15 @@ def log_in(page: Page, live_server_url: str, user) -> None:
                                "url": live_server_url}])
 
 
-def open_running_job(page: Page, live_server_url: str, user, name: str, steps: int) -> Job:
+def open_running_job(page: Page, live_server_url: str, user, name: str, steps: int,
+                     faults: dict = OBSERVE_STRAGGLERS, checkpoint_every: int = 0) -> Job:
     """Launch a nano job on 1x2 ranks through the worker, open its page as `user` and wait
     until the page says it runs."""
     spec = parse_spec({"name": name, "model": {"preset": "nano"},
                        "parallel": {"nodes": 1, "procs_per_node": 2},
                        "train": {"steps": steps, "micro_batch": 2, "seq_len": 32,
                                  "eval_every": 0, "threads": 1},
-                       "checkpoint": {"every": 0}, "faults": OBSERVE_STRAGGLERS}).to_dict()
+                       "checkpoint": {"every": checkpoint_every}, "faults": faults}).to_dict()
     job = Job.objects.create(name=name, owner=user, spec=spec)
     dispatch(job)
     log_in(page, live_server_url, user)

@@ -28,6 +28,7 @@ from engine.contract import (
     LogEvent,
     MembershipEvent,
     OpsEvent,
+    ProposalEvent,
     StateEvent,
     StepEvent,
     checkpoint_dir,
@@ -37,7 +38,7 @@ from engine.contract import (
 )
 
 # event types added after DESIGN.md was written; the README lists them
-BEYOND_DESIGN = ("membership",)
+BEYOND_DESIGN = ("membership", "proposal")
 DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
 
 # one event of every type, as the engine emits it
@@ -60,6 +61,8 @@ SAMPLES = [
     LogEvent(step=10, level="info", message="resumed", details={"trace": "t.json"}),
     MembershipEvent(step=40, hosts_before=["a", "b"], hosts_after=["a"], world_size=2,
                     reason="host b lost"),
+    ProposalEvent(step=9, id="p-9-1", status="pending", action="rollback", anomaly="loss_spike",
+                  deadline=1.7e9, default="proposed", hold=True, evidence={"z": 7.1}),
 ]
 
 

@@ -11,6 +11,9 @@ import { PlanTable } from "./plan.js";
 // the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
                 rollback: "Rollback", reshard: "Reshard", set: "Set" };
+// the commands sent from elsewhere on the page (the proposals card), listed with the others
+const OTHER_LABEL = { decide: "Decision" };
+const label = (kind) => LABEL[kind] ?? OTHER_LABEL[kind] ?? kind;
 // the commands whose button opens a panel; the panel's own button sends the command
 const PANELS = ["rollback", "reshard", "set"];
 // the commands whose effect is the engine running again: done at its first step after them
@@ -37,6 +40,7 @@ function describe(result) {
   if (result.skip_data) parts.push("data window skipped");
   if (result.settings) parts.push(`settings ${result.settings}`);
   if (result.changes) parts.push(changesText(result.changes));
+  if (result.proposal) parts.push(`${result.proposal} ${result.choice}, took ${result.take}`);
   if (result.parallel) {
     const p = result.parallel;
     parts.push(`${p.strategy} on ${p.nodes}×${p.procs_per_node}`);
@@ -177,7 +181,7 @@ export class Controls {
 
   update(entry, state, text) {
     entry.dataset.state = state;
-    entry.replaceChildren(el("strong", {}, LABEL[entry.dataset.kind] ?? entry.dataset.kind),
+    entry.replaceChildren(el("strong", {}, label(entry.dataset.kind)),
                           " ", el("span", { class: `cmd-state cmd-${state}` }, state), " ", text);
     this.resultEl.textContent = text;
     this.resultEl.dataset.kind = entry.dataset.kind;
@@ -194,8 +198,8 @@ export class Controls {
     if (!known) return;
     if (["set", "rollback"].includes(event.action)) this.loadSettings();
     const refused = event.action === "refused";
-    const text = refused ? `${LABEL[known.kind]} refused by the engine: ${event.error}`
-      : `${LABEL[known.kind]} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
+    const text = refused ? `${label(known.kind)} refused by the engine: ${event.error}`
+      : `${label(known.kind)} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
     this.settle(known, refused ? "refused" : "done", text);
   }
 
@@ -213,7 +217,7 @@ export class Controls {
       if (command.state === "done" || command.state === "refused") {
         const detail = describe(command.result);
         this.settle(known, command.state,
-          `${LABEL[known.kind]} ${command.state}${detail ? `: ${detail}` : ""}`);
+          `${label(known.kind)} ${command.state}${detail ? `: ${detail}` : ""}`);
       } else if (command.state === "delivered") {
         known.entry.dataset.state = "delivered";
       }
@@ -225,7 +229,7 @@ export class Controls {
   adopt(command, newest) {
     const entry = this.entry(command.id, command.kind);
     entry.dataset.state = "new";
-    entry.replaceChildren(el("strong", {}, LABEL[command.kind] ?? command.kind), ` ${command.state}`);
+    entry.replaceChildren(el("strong", {}, label(command.kind)), ` ${command.state}`);
     const ran = !newest || !COMING_BACK.has(this.job.state());
     this.commands.set(String(command.id), { id: String(command.id), kind: command.kind, entry, ran });
   }

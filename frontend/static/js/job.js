@@ -5,6 +5,7 @@ import { Controls } from "./controls.js";
 import { duration, el, num, rows, where } from "./format.js";
 import { Goodput } from "./goodput.js";
 import { MetricCharts } from "./metrics.js";
+import { Proposals } from "./proposals.js";
 import { Telemetry } from "./telemetry.js";
 
 const root = document.getElementById("job");
@@ -42,6 +43,7 @@ const charts = new MetricCharts(jobId, {
 });
 const telemetry = new Telemetry({ layoutAt });
 const goodput = new Goodput(jobId);
+const proposals = new Proposals(jobId, JSON.parse(document.getElementById("ladder-actions").textContent));
 let checkpointRows = new Map(); // event seq -> the API's checkpoint row (its id, branch)
 let transitions = []; // the API's state history of the job
 
@@ -218,6 +220,7 @@ function onSnapshot(message) {
   for (const e of message.actions ?? []) onMark("action", e, false);
   for (const e of message.memberships ?? []) onMark("membership", e, false);
   for (const e of message.checkpoints ?? []) remember("checkpoints", e);
+  for (const e of message.proposals ?? []) proposals.add(e);
   charts.load(message.series);
   telemetry.addOps(message.ops_history ?? []);
   telemetry.addExperts(message.experts_history ?? []);
@@ -247,6 +250,7 @@ function onMessage(message) {
     case "ops": telemetry.addOps(message); break;
     case "experts": telemetry.addExperts(message); break;
     case "goodput": goodput.show(message.goodput); break;
+    case "proposal": proposals.add(message); break;
     case "anomaly": case "action": case "checkpoint": case "membership":
       onMark(message.type, message);
       break;

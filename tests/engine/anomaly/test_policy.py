@@ -84,3 +84,19 @@ def test_values_in_force_are_refused_for_an_invalid_policy_with_every_error():
         with pytest.raises(SpecError) as e:
             values_in_force(policy)
         assert e.value.errors == policy_errors(policy)
+
+
+def test_bad_approval_fields_are_named_with_why():
+    errors = policy_errors(FaultPolicy(approve=["rollback", "reboot"], approve_timeout_s=-1,
+                                       approve_default="later", approve_while="wait"))
+    assert errors == {
+        "faults.policy.approve.1": f"unknown action 'reboot'; valid: {', '.join(LADDER_ACTIONS)}",
+        "faults.policy.approve_timeout_s": "must be a positive number of seconds",
+        "faults.policy.approve_default": (f"must be 'proposed' or an action: "
+                                          f"{', '.join(LADDER_ACTIONS)}"),
+        "faults.policy.approve_while": "must be one of hold, observe",
+    }
+    assert policy_errors(FaultPolicy(approve_timeout_s=86401)) == {
+        "faults.policy.approve_timeout_s": "must be at most 86400"}
+    assert policy_errors(FaultPolicy(approve=["restart", "rollback"], approve_timeout_s=30,
+                                     approve_default="pause", approve_while="observe")) == {}

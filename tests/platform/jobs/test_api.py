@@ -200,7 +200,7 @@ def test_the_command_rules_need_authentication():
     assert APIClient().get("/api/commands/").status_code == 401
 
 
-@pytest.mark.parametrize("kind", list(CommandKind))
+@pytest.mark.parametrize("kind", [k for k in CommandKind if k != CommandKind.DECIDE])
 def test_each_steering_action_is_a_method_of_the_viewset_under_its_own_name(kind):
     method = JobViewSet.__dict__[kind]
     assert inspect.isfunction(method) and method.__name__ == kind
@@ -210,6 +210,14 @@ def test_each_steering_action_is_a_method_of_the_viewset_under_its_own_name(kind
     assert f"def {kind}(self, request" in inspect.getsource(written)
     assert method.mapping == {"post": kind} and method.detail
     assert reverse(f"job-{kind}", args=[7]) == f"/api/jobs/7/{kind}/"
+
+
+def test_a_decision_is_a_method_of_the_viewset_reached_through_its_proposal():
+    method = JobViewSet.__dict__["decide"]
+    assert "def decide(self, request" in inspect.getsource(inspect.unwrap(method))
+    assert method.mapping == {"post": "decide"} and method.detail
+    assert reverse("job-proposal-decide", args=[7, "p-8-1"]) == \
+        "/api/jobs/7/proposals/p-8-1/decide/"
 
 
 @pytest.fixture

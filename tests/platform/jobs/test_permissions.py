@@ -41,7 +41,7 @@ def job_operations() -> list[tuple[str, str]]:
 def request(client: APIClient, method: str, path: str, job_id: int = 1):
     checkpoint = Checkpoint.objects.filter(job_id=job_id).values_list("pk", flat=True).first()
     url = path.replace("{id}", str(job_id)).replace("{job_id}", str(job_id)).replace(
-        "{checkpoint_id}", str(checkpoint or 1))
+        "{checkpoint_id}", str(checkpoint or 1)).replace("{proposal_id}", "p-1-1")
     return getattr(client, method)(url, {}, format="json") if method == "post" else \
         getattr(client, method)(url)
 
