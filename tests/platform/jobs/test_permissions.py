@@ -4,6 +4,7 @@ steer every job, a revoked token stops working at once (API and websockets), ses
 websockets are owner-checked, API POSTs on a session need the CSRF token, login is throttled,
 and the audit log names who did what."""
 
+import functools
 import http.client
 import json
 import random
@@ -25,6 +26,7 @@ from ringside.asgi import application
 pytestmark = pytest.mark.django_db
 
 
+@functools.cache
 def operations() -> list[tuple[str, str, dict]]:
     """(method, path, operation) of every operation in the OpenAPI schema."""
     paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
@@ -38,12 +40,19 @@ def job_operations() -> list[tuple[str, str]]:
             if path.startswith("/api/jobs/{")]
 
 
+def required_query(method: str, path: str) -> dict[str, str]:
+    """The operation's required query parameters, each at the first of its allowed values."""
+    operation = next(op for m, p, op in operations() if (m, p) == (method, path))
+    return {p["name"]: p["schema"]["enum"][0] for p in operation.get("parameters", [])
+            if p["in"] == "query" and p.get("required")}
+
+
 def request(client: APIClient, method: str, path: str, job_id: int = 1):
     checkpoint = Checkpoint.objects.filter(job_id=job_id).values_list("pk", flat=True).first()
     url = path.replace("{id}", str(job_id)).replace("{job_id}", str(job_id)).replace(
         "{checkpoint_id}", str(checkpoint or 1)).replace("{proposal_id}", "p-1-1")
     return getattr(client, method)(url, {}, format="json") if method == "post" else \
-        getattr(client, method)(url)
+        getattr(client, method)(url, required_query(method, path))
 
 
 def client_with_token(token: ApiToken) -> APIClient:
