@@ -77,6 +77,7 @@ class CommandKind(StrEnum):
     RESHARD = "reshard"
     SET = "set"  # live hyper-parameters (engine.runtime.settings)
     DECIDE = "decide"  # a person's answer to a proposal (engine.runtime.approvals)
+    REBALANCE = "rebalance"  # the ranks' shares of the batch (engine.runtime.rebalance)
 
 
 class PauseMode(StrEnum):
@@ -89,6 +90,14 @@ class PauseMode(StrEnum):
 
 
 WARM_PAUSE_MAX_S = 600.0  # `pause` args `max_s` when absent: how long a warm pause may last
+
+
+class ShareMode(StrEnum):
+    """`rebalance` args `shares`, when not a list of samples per rank: follow the ranks'
+    measured speeds (auto, the fault policy's answer to a straggler) or go back to even."""
+
+    AUTO = "auto"
+    EVEN = "even"
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,7 @@ COMMAND_RULES: dict[CommandKind, CommandRule] = {
     CommandKind.RESHARD: CommandRule(frozenset({_S.RUNNING}), _S.RESHARDING),
     CommandKind.SET: CommandRule(frozenset({_S.RUNNING}), None),
     CommandKind.DECIDE: CommandRule(frozenset({_S.RUNNING}), None),
+    CommandKind.REBALANCE: CommandRule(frozenset({_S.RUNNING}), None),
 }
 
 

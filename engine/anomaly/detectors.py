@@ -95,6 +95,7 @@ class Detectors:
         self.compute: list[list[float]] = []  # per step, per rank compute_ms
         self.straggler_run: dict[int, int] = {}
         self.straggling: list[int] = []
+        self.named_at: dict[int, int] = {}  # straggling rank -> the step it was last named
         self.memory: list[float] = []
         self.memory_windows: list[float] = []
         self.memory_fired = False
@@ -180,13 +181,14 @@ class Detectors:
     # -- cross-rank timings (an OpAggregator result, identical on all ranks) ---------------
     def check_ops(self, step: int, aggregate: dict[str, Any]) -> list[Anomaly]:
         """Straggler: a rank whose compute time is far above the other ranks' (their median)
-        while they wait for it in collectives."""
+        while they wait for it in collectives; named again while it stays one for `persist`
+        steps."""
         t = self.thresholds["straggler"]
         rows = aggregate["ranks"]
         if len(rows) < 2:
             return []
         if self.compute and len(self.compute[0]) != len(rows):  # resharded: start over
-            self.compute, self.straggler_run, self.straggling = [], {}, []
+            self.compute, self.straggler_run, self.straggling, self.named_at = [], {}, [], {}
         if step <= t["warmup"]:
             return []
         self.compute = (self.compute + [[r["compute_ms"] for r in rows]])[-int(t["window"]):]
@@ -200,9 +202,14 @@ class Detectors:
             score = typical / per_rank[i] if per_rank[i] > 0 else 1.0
             run = self.straggler_run.get(rank, 0) + 1 if score < t["score"] else 0
             self.straggler_run[rank] = run
-            if run >= t["patience"] and rank not in self.straggling:
-                self.straggling.append(rank)
+            persisting = (rank in self.straggling
+                          and step - self.named_at.get(rank, step) >= t["persist"])
+            if run >= t["patience"] and (rank not in self.straggling or persisting):
+                if not persisting:
+                    self.straggling.append(rank)
+                self.named_at[rank] = step
                 found.append(Anomaly("straggler", "error", step, rank, {
+                    "persisting": persisting,
                     "score": score, "threshold": t["score"], "compute_ms": per_rank[i],
                     "median_compute_ms": typical,
                     "comm_ms": {r["rank"]: r["comm_ms"] for r in rows},
@@ -211,6 +218,7 @@ class Detectors:
                     "window": t["window"], "patience": t["patience"]}))
             elif run == 0 and rank in self.straggling:
                 self.straggling.remove(rank)
+                self.named_at.pop(rank, None)
         return found
 
     # -- MoE routing --------------------------------------------------------------------------
@@ -252,12 +260,15 @@ class Detectors:
     def state_dict(self) -> dict[str, Any]:
         return {"loss": self.loss.state_dict(), "grad": self.grad.state_dict(),
                 "straggler_run": {str(k): v for k, v in self.straggler_run.items()},
+                "named_at": {str(k): v for k, v in self.named_at.items()},
                 **copy.deepcopy({name: getattr(self, name) for name in self._PLAIN})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loss.load_state_dict(state["loss"])
         self.grad.load_state_dict(state["grad"])
         self.straggler_run = {int(k): v for k, v in state["straggler_run"].items()}
+        # none in a checkpoint from before persistent stragglers were named again
+        self.named_at = {int(k): v for k, v in state.get("named_at", {}).items()}
         for name in self._PLAIN:
             setattr(self, name, copy.deepcopy(state[name]))
 

@@ -12,7 +12,8 @@ injection targets this rank and step:
 
 loss_spike, nan, hang and crash are transient: they fire once per job. With `state_dir` (the
 run folder) the firing is remembered in a marker file, so a rank restarted after an injected
-crash, or a step replayed after a rollback, runs clean. slow_rank lasts from its step on.
+crash, or a step replayed after a rollback, runs clean. slow_rank lasts from its step on (to
+its `until` step if it has one).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class FaultInjection:
     step: int
     rank: int = 0
     factor: float = 10.0  # loss multiplier for loss_spike, slow-down for slow_rank
+    until: int = 0  # slow_rank: its last slow step (0: it stays slow)
 
 
 class FaultInjector:
@@ -77,9 +79,11 @@ class FaultInjector:
 
     @contextmanager
     def slowdown(self, step: int) -> Iterator[None]:
-        """Around an op: from a slow_rank injection's step on, stretch the op to factor x."""
-        factor = max((inj.factor for _, inj in self._mine
-                      if inj.kind == "slow_rank" and step >= inj.step), default=1.0)
+        """Around an op: from a slow_rank injection's step on (to its `until`), stretch the op
+        to factor x."""
+        factor = max((inj.factor for _, inj in self._mine if inj.kind == "slow_rank"
+                      and inj.step <= step and (not inj.until or step <= inj.until)),
+                     default=1.0)
         start = time.perf_counter()
         yield
         if factor > 1.0:

@@ -36,8 +36,14 @@ DEFAULTS: dict[str, dict[str, float]] = {
     # oversubscribed cores drift 1.5x apart for several steps without being stragglers, and
     # one of them starved for two or three steps is not one either: the median over 5 steps
     # must stay 2x off for 3 steps (a real one is named about 6 steps after it slows down)
-    # (the first `warmup` steps, with their allocations and first-call costs, are skipped)
-    "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10},
+    # (the first `warmup` steps, with their allocations and first-call costs, are skipped).
+    # A rank still named `persist` steps later (rebalancing did not bring it back: a
+    # persistent straggler) is named again, which takes the ladder's next rung. The
+    # rebalancer follows the ranks' speeds, median over `rebalance_window` steps, and changes
+    # shares only by more than `rebalance_tolerance` of an even share (ranks on shared cores
+    # drift 15% apart: within that, shares go back to even and stay there)
+    "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10, "persist": 30,
+                  "rebalance_window": 10, "rebalance_tolerance": 0.2},
     "hang": {},
     # per layer over a window: mean normalised load entropy below `entropy`, or at least
     # `dead_share` of the experts without a token for the whole window
@@ -50,8 +56,8 @@ DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 # weakest to strongest: when several decisions share a step, the loop carries out the last
-ACTIONS = ("observe", "resume", "skip_update", "retry_step", "lr_cut", "checkpoint", "rollback",
-           "reshard", "restart", "pause", "cancel")
+ACTIONS = ("observe", "resume", "rebalance", "skip_update", "retry_step", "lr_cut", "checkpoint",
+           "rollback", "reshard", "restart", "pause", "cancel")
 LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
 
 DEFAULT_LADDERS: dict[str, list[str]] = {
@@ -59,7 +65,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "loss_spike": ["skip_update", "retry_step", "lr_cut", "rollback", "pause"],  # Ling §8
     "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
     "throughput_drop": ["observe"],
-    "straggler": ["observe", "restart", "pause"],
+    "straggler": ["rebalance", "restart", "pause"],  # AntDT: less data, then a new start
     "hang": ["restart", "pause"],
     "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
     "memory_growth": ["observe", "checkpoint", "pause"],

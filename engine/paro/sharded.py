@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -138,8 +139,16 @@ class ShardedDataParallel:
         self._adam_groups = [(runs, weight_decay if decay else 0.0)
                              for runs, decay in self._adam_groups]
 
-    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
-        """One micro-step: forward, backward of loss / grad_accum, the micro-step collectives."""
+    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                         weight: Fraction | None = None) -> Any:
+        """One micro-step: forward, backward of loss x `weight`, the micro-step collectives.
+
+        `weight` is the micro-batch's part of this rank's gradient, which the reduction then
+        divides by the world size: 1 / grad_accum (the default) when the ranks share the batch
+        evenly; its samples x world size / global batch when they do not (a rebalanced
+        straggler: the spec's correctness rule, so every strategy's reduction stays a plain sum).
+        """
+        weight = weight if weight is not None else Fraction(1, self.grad_accum)
         if self._micro_steps == self.grad_accum:
             raise RuntimeError(
                 f"forward_backward() called {self._micro_steps + 1} times before step(); "
@@ -153,7 +162,7 @@ class ShardedDataParallel:
         self._free_params()
         self._gather_params()
         with self.timer.op("backward"):
-            (output.loss / self.grad_accum).backward()
+            (output.loss * weight.numerator / weight.denominator).backward()
         grad = self._take_local_grad()
         self._free_params()
         level = self.strategy.grads

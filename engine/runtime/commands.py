@@ -34,6 +34,7 @@ from engine.contract import (
     CommandKind,
     Event,
     PauseMode,
+    ShareMode,
     StateEvent,
 )
 from engine.runtime.control import ControlChannel
@@ -192,16 +193,24 @@ class Answers(Protocol):
     def answer(self, command: Command, step: int) -> None: ...
 
 
+class Steers(Protocol):
+    """What answers a `rebalance` command (engine.runtime.rebalance.Rebalancer)."""
+
+    def steer(self, shares: Any) -> list[int]: ...
+
+
 class CommandHandler:
     def __init__(self, spec: JobSpec, world_size: int, state: HasStep,
                  checkpoints: Checkpoints, emit: Emit, settings: LiveSettings,
-                 wait: PauseWait, approvals: Answers | None = None):
+                 wait: PauseWait, approvals: Answers | None = None,
+                 rebalancer: Steers | None = None):
         self.spec, self.world_size, self.state = spec, world_size, state
         self.checkpoints = checkpoints
         self.emit = emit
         self.settings = settings
         self.wait = wait
         self.approvals = approvals
+        self.rebalancer = rebalancer
 
     def handle(self, commands: list[Command]) -> Outcome | None:
         """Carry out `commands` in order until one ends the run; returns how it ends."""
@@ -245,6 +254,8 @@ class CommandHandler:
             return Outcome(str(kind), self.state.step)
         elif kind == CommandKind.DECIDE and self.approvals is not None:
             self.approvals.answer(command, self.state.step)  # it answers with its own event
+        elif kind == CommandKind.REBALANCE and self.rebalancer is not None:
+            self._ack(command, shares=self.rebalancer.steer(args.get("shares", ShareMode.AUTO)))
         else:
             raise CommandRefused(f"{kind}: the job is running; resume applies to a paused job")
         return None

@@ -34,10 +34,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Apply(Verdict):
-    """Step the optimizer, with the learning rate times `lr_factor`, then checkpoint if asked."""
+    """Step the optimizer, with the learning rate times `lr_factor`, then checkpoint if asked;
+    with `rebalance` the ranks' shares of the batch follow their speeds from then on."""
 
     lr_factor: float = 1.0
     checkpoint: bool = False
+    rebalance: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ def verdict_for(decision: Decision | None) -> Verdict:
         return Apply(decision, lr_factor=float(decision.params.get("lr_factor", 0.1)))
     if action == "checkpoint":
         return Apply(decision, checkpoint=True)
+    if action == "rebalance":
+        return Apply(decision, rebalance=True)
     if action == "rollback":
         return Rollback(decision)
     if action == "pause":
@@ -129,6 +133,12 @@ class FaultResponse:
         if self.approvals is not None:
             strongest = self.approvals.review(strongest, anomalies, step, self.faults.now)
         return verdict_for(strongest)
+
+    def rebalanced(self, step: int, shares: list[int]) -> None:
+        """Publish a change of the ranks' shares made by following their speeds."""
+        self.emit(ActionEvent(step=step, action="rebalance", by=ActionBy.POLICY,
+                              anomaly="straggler", reason="following the ranks' speeds",
+                              details={"shares": shares}))
 
     def announce(self, verdict: Verdict, **outcome: Any) -> None:
         """Publish the decision carried out, with what it did (e.g. the checkpoint)."""

@@ -195,6 +195,21 @@ def parse_spec(data: Any) -> JobSpec:
     return spec
 
 
+def share_errors(shares: object, world_size: int, global_batch: int, grad_accum: int) -> str | None:
+    """Why `shares` cannot be the ranks' shares of a step (a `rebalance`: one count of samples
+    per data-parallel rank, each at least one per micro-step, summing to the global batch),
+    or None."""
+    if (not isinstance(shares, list) or len(shares) != world_size
+            or any(isinstance(n, bool) or not isinstance(n, int) for n in shares)):
+        return f"must be a list of {world_size} whole numbers of samples, one per rank"
+    if sum(shares) != global_batch:
+        return (f"must sum to the global batch of {global_batch} samples "
+                f"(micro_batch x ranks x grad_accum), not {sum(shares)}")
+    if min(shares) < grad_accum:
+        return f"each rank needs at least {grad_accum} (one per micro-step)"
+    return None
+
+
 def with_layout(data: dict[str, Any], parallel: dict[str, Any],
                 micro_batch: int | None = None, grad_accum: int | None = None) -> dict[str, Any]:
     """Spec data as it is after a reshard onto `parallel` (and `micro_batch` and
@@ -297,6 +312,8 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
             errors[f"faults.inject.{i}.step"] = f"must be between 1 and train.steps ({t.steps})"
         if not 0 <= inj.rank < p.world_size:
             errors[f"faults.inject.{i}.rank"] = f"must be a rank below {p.world_size}"
+        if inj.until and inj.until < inj.step:
+            errors[f"faults.inject.{i}.until"] = f"must be 0 or at least its step ({inj.step})"
         if inj.factor > BOUNDS["faults.inject.*.factor"]:
             errors[f"faults.inject.{i}.factor"] = (
                 f"must be at most {BOUNDS['faults.inject.*.factor']}")

@@ -9,6 +9,7 @@ from torch import nn
 
 from engine.anomaly import FaultManager
 from engine.runtime.data import TokenLoader
+from engine.runtime.rebalance import Rebalancer
 from engine.runtime.settings import LiveSettings
 from engine.runtime.spec import JobSpec
 
@@ -21,9 +22,10 @@ class Optimizer(Protocol):
 
 class TrainState:
     """Where the run is (optimizer steps done, tokens trained on) and what must resume with
-    it: the data position, the RNG, Adam's step count, the replicated model buffers (the MoE
-    expert bias), the detectors' and the response ladder's memory, and the live settings
-    (the `set` commands' changes over the spec)."""
+    it: the data position and the ranks' shares of the batch, the RNG, Adam's step count, the
+    replicated model buffers (the MoE expert bias), the detectors' and the response ladder's
+    memory, the live settings (the `set` commands' changes over the spec) and whether the
+    shares follow the ranks' speeds."""
 
     def __init__(self, model: nn.Module, optimizer: Optimizer, loader: TokenLoader,
                  faults: FaultManager, spec: JobSpec):
@@ -31,6 +33,7 @@ class TrainState:
         self.tokens = 0
         self.model, self.optimizer, self.loader, self.faults = model, optimizer, loader, faults
         self.settings = LiveSettings(spec, optimizer, faults)
+        self.rebalancer = Rebalancer(loader, lambda: faults.detectors.thresholds["straggler"])
 
     def state_dict(self) -> dict[str, Any]:
         params = {name for name, _ in self.model.named_parameters()}
@@ -41,6 +44,7 @@ class TrainState:
             "faults": self.faults.state_dict(),
             "settings": self.settings.state_dict(),
             "loader": self.loader.state_dict(),
+            "rebalance": self.rebalancer.state_dict(),
             "rng": torch.get_rng_state(),
             # replicated buffers travel whole (the parameters are in the shards)
             "buffers": {k: v.clone() for k, v in self.model.state_dict().items()
@@ -55,3 +59,4 @@ class TrainState:
         self.model.load_state_dict(state["buffers"], strict=False)
         self.faults.load_state_dict(state["faults"])
         self.settings.load_state_dict(state.get("settings", {}))  # none before `set` existed
+        self.rebalancer.load_state_dict(state.get("rebalance", {}))

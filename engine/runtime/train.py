@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from engine.runtime.approvals import Approvals
 from engine.runtime.checkpointing import TrainCheckpoints
 from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome, PauseWait
 from engine.runtime.control import ControlChannel
-from engine.runtime.data import DataError, TokenLoader, load_tokens
+from engine.runtime.data import TokenLoader, training_data
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
@@ -69,7 +70,7 @@ class Trainer:
             t.threads or max(1, (os.cpu_count() or 1) // local_world_size(self.world_size)))
         self.topo = Topology.from_parallel(p).init_groups()
         self.events = events if self.rank == 0 else None
-        self.loader, self.eval_tokens = self._data()
+        self.loader, self.eval_tokens = training_data(spec, self.rank, self.world_size)
         self.strategy = choose_strategy(spec, self.topo, self.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = cast_parameters(MoEModel(spec.model).to(self.device),
@@ -105,23 +106,14 @@ class Trainer:
         self.approvals = Approvals(policy, wait, self.emit)
         self.response = FaultResponse(self.faults, self.emit, self.approvals)
         self.commands = CommandHandler(spec, self.world_size, self.state, self.checkpoints,
-                                       self.emit, self.state.settings, wait, self.approvals)
+                                       self.emit, self.state.settings, wait, self.approvals,
+                                       self.state.rebalancer)
         self.hangs.publish()
         self.stopped: Outcome | None = None  # set when the fault policy ends the run
         if resume_from:
             self.checkpoints.resume(resume_from)
         else:
             load_optimizer(spec, self.dp)
-
-    def _data(self) -> tuple[TokenLoader, torch.Tensor]:
-        t = self.spec.train
-        splits = load_tokens(t.dataset)
-        if splits.vocab_size > self.spec.model.vocab_size:
-            raise DataError(f"model.vocab_size: {self.spec.model.vocab_size} is smaller than "
-                            f"the tokenizer's vocabulary ({splits.vocab_size})")
-        loader = TokenLoader(splits.train, t.seq_len, t.micro_batch, self.rank, self.world_size,
-                             t.seed)
-        return loader, splits.heldout
 
     def _checkpointer(self) -> Checkpointer:
         c, p = self.spec.checkpoint, self.spec.parallel
@@ -167,37 +159,42 @@ class Trainer:
         self.injector.crash_point(s.step)
         self.model.set_step(s.step)
         self.model.reset_routing_counts()
-        position = self.loader.position
-        ce_sum = self.forward_backward()
+        position, shares = self.loader.position, self.loader.shares
+        ce = self.forward_backward()
         # the first collective after the forward-backward: where faster ranks wait for a
         # straggler, so it is timed as a collective (untimed waits would look like compute)
         with self.telemetry.all_reduce_span("fault_agreement", nbytes=16):
-            verdict = self.response.judge(s.step, float(ce_sum) / t.grad_accum)
+            verdict = self.response.judge(s.step, float(ce))
         if not isinstance(verdict, Apply):
             self._drop_update(verdict, position)
             return None
         lr = lr_at(s.step, t) * s.settings.lr_factor * verdict.lr_factor
         with self.timer.op("optimizer", kind="compute"):
             grad_norm = self.dp.step(lr, t.grad_clip)
-        if verdict.checkpoint:
-            self.response.announce(verdict, checkpoint=str(self.checkpoints.save()))
-        else:
-            self.response.announce(verdict)
-        return self._measure(started, ce_sum / t.grad_accum, grad_norm, lr)
+        outcome = {"checkpoint": str(self.checkpoints.save())} if verdict.checkpoint else {}
+        if verdict.rebalance:
+            outcome["shares"] = s.rebalancer.engage()
+        self.response.announce(verdict, **outcome)
+        # this rank's part of the global mean loss: its mean weighted by its share of the batch
+        part = ce * (shares[self.rank] * self.world_size / self.loader.global_batch)
+        return self._measure(started, part, grad_norm, lr, shares)
 
     def forward_backward(self) -> torch.Tensor:
-        """Accumulate the gradients of `grad_accum` micro-batches; the summed CE loss."""
-        ce_sum = torch.zeros((), device=self.device)
-        for _ in range(self.spec.train.grad_accum):
+        """Accumulate the gradients of this rank's micro-batches, each weighted by its samples
+        (a rebalanced rank's share is uneven); this rank's mean CE loss over them."""
+        loader, ce = self.loader, torch.zeros((), device=self.device)
+        for micro in range(self.spec.train.grad_accum):
             with self.timer.op("data", kind="data"):
-                input_ids, labels = self.loader.next_batch()
+                input_ids, labels = loader.next_batch(micro)
+            samples = len(input_ids)
             with self.timer.op("forward_backward", kind="compute"), \
                     self.injector.slowdown(self.state.step):
-                output = self.dp.forward_backward(input_ids.to(self.device),
-                                                  labels.to(self.device))
+                output = self.dp.forward_backward(
+                    input_ids.to(self.device), labels.to(self.device),
+                    weight=Fraction(samples * self.world_size, loader.global_batch))
                 self.injector.hang_point(self.state.step)
-            ce_sum += output.ce_loss.detach()
-        return ce_sum
+            ce += output.ce_loss.detach() * (samples / loader.shares[self.rank])
+        return ce
 
     def _drop_update(self, verdict: Verdict, position: int) -> None:
         """Carry out a verdict that drops this step's gradients: the one place where the step
@@ -228,9 +225,10 @@ class Trainer:
         # after the step count is settled: the timer follows it
         self.telemetry.end_step(s.step, trace_next=self.response.found)
 
-    def _measure(self, started: float, loss: torch.Tensor, grad_norm: float,
-                 lr: float) -> StepMetrics:
-        """Reduce the step across ranks, evaluate when due, publish, checkpoint when due."""
+    def _measure(self, started: float, loss: torch.Tensor, grad_norm: float, lr: float,
+                 shares: list[int]) -> StepMetrics:
+        """Reduce the step across ranks, evaluate when due, publish, follow the ranks' speeds,
+        checkpoint when due. `shares`: the ranks' samples this step."""
         t, s = self.spec.train, self.state
         commands = self.inbox.poll(s.step)
         loss, self.inbox.due, counts = self.telemetry.reduce_step(
@@ -249,6 +247,8 @@ class Trainer:
         ops, experts = self.telemetry.publish(metrics, worst, counts, self.response.found)
         self.response.observe(grad_norm, metrics.tokens_per_s, int(worst.local["rss_bytes"]),
                               ops, experts)
+        if (changed := s.rebalancer.observe(ops["ranks"], shares)) is not None:
+            self.response.rebalanced(s.step, changed)
         self.checkpoints.save_if_due()
         return metrics
 

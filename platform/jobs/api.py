@@ -73,6 +73,7 @@ from jobs.serializers import (
     PlanQuery,
     PlanSerializer,
     ProposalSerializer,
+    RebalanceBody,
     ReshardBody,
     RollbackBody,
     SetBody,
@@ -302,6 +303,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @idempotent
     def set(self, request: Request, pk: str) -> Response:
         return self._steer(request, CommandKind.SET, SetBody)
+
+    @extend_schema(request=RebalanceBody, responses=STEERED, parameters=[idempotency.PARAMETER],
+                   description="Set the data-parallel ranks' shares of each step's global batch "
+                   "from the next step on: follow their measured speeds (`auto`, what the "
+                   "fault policy does for a straggler), go back to even, or pin a list of "
+                   "samples per rank. The update stays the balanced run's on the same samples.",
+                   examples=[OpenApiExample("pinned", value={"shares": [10, 10, 10, 2]}),
+                             OpenApiExample("auto", value={"shares": "auto"})])
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def rebalance(self, request: Request, pk: str) -> Response:
+        return self._steer(request, CommandKind.REBALANCE, RebalanceBody)
 
     @extend_schema(responses={200: ProposalSerializer(many=True), **ERRORS}, filters=False,
                    description="The fault policy's proposals (`faults.policy.approve`), oldest "

@@ -34,8 +34,10 @@ from monitor.models import Action
 
 POLICY_ACTOR = "platform policy"
 AUTO_ACTION_WINDOW_S = 3600.0
-# answers that change nothing in the run: they do not count toward the hourly limit
-PASSIVE_ACTIONS = frozenset({"observe", "page", "refused"})
+# answers that change nothing the run computes: they do not count toward the hourly limit (a
+# rebalance moves samples between ranks, and follows their speeds with a change every few
+# steps while a straggler lasts, but the updates stay those of even shares)
+PASSIVE_ACTIONS = frozenset({"observe", "page", "refused", "rebalance"})
 
 
 class PolicyError(ValueError):

@@ -18,10 +18,18 @@ from engine.contract import (
     CommandRule,
     PauseMode,
     ProposalStatus,
+    ShareMode,
 )
 from engine.moe.config import PRESETS
 from engine.runtime.settings import validate_settings
-from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec, with_layout
+from engine.runtime.spec import (
+    ParallelSpec,
+    SpecError,
+    TrainSpec,
+    parse_spec,
+    share_errors,
+    with_layout,
+)
 from jobs.models import (
     ApiToken,
     AuditEntry,
@@ -292,6 +300,32 @@ class ReshardBody(CommandBody):
                 {"nodes": f"the global micro-batch ({batch} sequences) does not divide over "
                           f"{world} ranks"})
         return super().validate(data)
+
+
+class RebalanceBody(CommandBody):
+    shares = serializers.JSONField(
+        required=False, default=ShareMode.AUTO.value,
+        help_text="samples of each step's global batch per data-parallel rank (a list that "
+                  "sums to micro_batch x ranks x grad_accum, at least grad_accum each, pinned "
+                  "until the next rebalance); \"auto\" (default): follow the ranks' measured "
+                  "speeds; \"even\": back to even shares")
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        spec = parse_spec(self.context["job"].spec)  # the job's layout now (after reshards)
+        p, t = spec.parallel, spec.train
+        shares = data["shares"]
+        if p.world_size < 2:
+            raise serializers.ValidationError(
+                {"shares": "the job has one data-parallel rank; there is no other rank to "
+                           "share its batch with"})
+        if shares not in tuple(ShareMode):
+            error = share_errors(shares, p.world_size, t.micro_batch * p.world_size
+                                 * t.grad_accum, t.grad_accum)
+            if error is not None:
+                raise serializers.ValidationError(
+                    {"shares": f"{error} (or {ShareMode.AUTO.value!r} or "
+                               f"{ShareMode.EVEN.value!r})"})
+        return super().validate({"shares": shares})
 
 
 class SetBody(CommandBody):

@@ -169,6 +169,10 @@ class Client:
         """Change settings of a running job, e.g. `{"train.lr": 1e-3}`."""
         return self._post(f"/api/jobs/{job_id}/set/", values)
 
+    def rebalance(self, job_id: int, shares: list[int] | str = "auto") -> dict[str, Any]:
+        """The ranks' shares of each step's batch: samples per rank, "auto" or "even"."""
+        return self._post(f"/api/jobs/{job_id}/rebalance/", {"shares": shares})
+
     def clone(self, job_id: int, name: str | None = None,
               checkpoint: int | None = None) -> dict[str, Any]:
         body = {"name": name, "checkpoint": checkpoint}

@@ -236,6 +236,25 @@ def _assignment(text: str) -> tuple[str, Any]:
         return key, value
 
 
+@jobs.command("rebalance")
+def rebalance(ctx: typer.Context, job_id: JobId,
+              shares: Annotated[str, typer.Argument(
+                  help="samples of each step's batch per rank, e.g. 10,10,10,2; auto: follow "
+                       "the ranks' speeds; even")] = "auto") -> None:
+    """Set the data-parallel ranks' shares of the batch (a straggler gets less)."""
+    _steer(ctx, lambda client: client.rebalance(job_id, _shares(shares)))
+
+
+def _shares(text: str) -> list[int] | str:
+    if text in ("auto", "even"):
+        return text
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not auto, even or numbers separated by commas",
+                                 param_hint="SHARES") from None
+
+
 @jobs.command("cancel")
 def cancel(ctx: typer.Context, job_id: JobId) -> None:
     """Stop a job for good."""

@@ -136,6 +136,18 @@ def test_straggler_names_the_slow_rank_within_10_steps():
     assert set(straggler.evidence["compute_ms_per_rank"]) == {0, 1, 2, 3}
 
 
+def test_a_straggler_that_stays_slow_is_named_again_every_persist_steps():
+    detectors = Detectors(FaultPolicy(thresholds={"straggler": {"persist": 15}}))
+    rng = random.Random(0)
+    fired = []
+    for step in range(1, 71):
+        fired += [(step, a) for a in detectors.check_ops(step, rank_rows(rng, {3: 3.0}))]
+    steps = [step for step, _ in fired]
+    assert [a.rank for _, a in fired] == [3, 3, 3, 3]
+    assert [b - a for a, b in zip(steps, steps[1:], strict=False)] == [15, 15, 15]
+    assert [a.evidence["persisting"] for _, a in fired] == [False, True, True, True]
+
+
 def test_expert_collapse_fires_when_routing_concentrates():
     detectors = Detectors()
     rng = random.Random(0)

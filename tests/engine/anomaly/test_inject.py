@@ -44,6 +44,18 @@ def test_slow_rank_stretches_the_op_by_its_factor_from_its_step_on():
     assert timed(2) >= 0.15 and timed(9) >= 0.15
 
 
+def test_slow_rank_with_an_until_step_runs_at_full_speed_after_it():
+    injector = FaultInjector([FaultInjection("slow_rank", step=2, rank=0, factor=3.0, until=3)], 0)
+
+    def timed(step: int) -> float:
+        start = time.perf_counter()
+        with injector.slowdown(step):
+            time.sleep(0.05)
+        return time.perf_counter() - start
+
+    assert timed(3) >= 0.15 and timed(4) < 0.1
+
+
 def test_hang_blocks_the_calling_thread():
     injector = FaultInjector([FaultInjection("hang", step=4, rank=0)], 0)
     injector.hang_point(3)

@@ -1,14 +1,16 @@
 """ShardedDataParallel on real gloo worlds (2x2 and 2x4 ranks on this host).
 
 Each world is spawned once; every rank trains a small LM with each of the ten strategies at
-grad_accum 1 and 4 and records what it saw. The tests then hold those records against a
-single-process torch.optim.AdamW reference on the same global batches, against the memory
-formulas of spec section 4 and against the communication table of spec section 5.
+grad_accum 1 and 4, with the batch shared evenly and rebalanced (uneven shares, each rank's
+gradient weighted by its share), and records what it saw. The tests then hold those records
+against a single-process torch.optim.AdamW reference on the same global batches, against the
+memory formulas of spec section 4 and against the communication table of spec section 5.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from engine.contract import STRATEGIES
 from engine.horing.topology import Topology
 from engine.paro import ShardedDataParallel, parse_strategy
 from engine.ports import free_port
+from engine.runtime.data import split_evenly
 from tests.engine.ranks import run_ranks
 
 STEPS, MICRO_BATCH, SEQ, VOCAB = 5, 2, 8, 37
@@ -28,6 +31,10 @@ ACCUMS = (1, 4)
 WORLDS = [(2, 2), (2, 4)]  # nodes x procs_per_node
 # global all-reduce, reduce-scatter + all-gather, and the parameter gathers
 HORING_STRATEGIES = ("NNN", "NGG", "GGG")
+# uneven samples per rank and step (the even share is MICRO_BATCH x grad_accum), as a
+# rebalanced straggler's run has them: every rank keeps at least one per micro-step
+REBALANCED = {(4, 1): [4, 2, 1, 1], (4, 4): [14, 10, 4, 4],
+              (8, 1): [4, 3, 2, 2, 2, 1, 1, 1], (8, 4): [16, 12, 8, 8, 6, 6, 4, 4]}
 
 
 @dataclass
@@ -130,6 +137,9 @@ def train_every_strategy(nodes: int) -> dict:
                     )
                 records[name, accum]["restored_state"] = dp.sharded_state()
             previous_state = assemble(pieces)
+    for accum in ACCUMS:
+        for name in STRATEGIES:
+            records[name, accum, "rebalanced"] = train_rebalanced(topo, name, accum)
     for collective in ("ring", "horing"):
         for name in HORING_STRATEGIES:
             torch.manual_seed(0)
@@ -143,6 +153,28 @@ def train_every_strategy(nodes: int) -> dict:
                 params = [p.detach().clone() for p in model.parameters()]
             records[name, collective] = {"params": params, "comm": comm}
     return records
+
+
+def train_rebalanced(topo: Topology, name: str, accum: int) -> dict:
+    """The reference's steps with REBALANCED shares: this rank takes its block of the step's
+    rows, spread over the micro-steps, each micro-batch weighted by samples x world / batch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shares = REBALANCED[world, accum]
+    first = sum(shares[:rank])
+    torch.manual_seed(0)
+    dp = ShardedDataParallel(TinyLM(), topo, name, lr=LR, grad_accum=accum)
+    for step in range(STEPS):
+        batches = [global_batch(step, micro, world) for micro in range(accum)]
+        ids, labels = (torch.cat(part)[first : first + shares[rank]]
+                       for part in zip(*batches, strict=True))
+        at = 0
+        for n in split_evenly(shares[rank], accum):
+            dp.forward_backward(ids[at : at + n], labels[at : at + n],
+                                weight=Fraction(n * world, sum(shares)))
+            at += n
+        dp.step(LR, CLIP)
+    with dp.full_parameters() as model:
+        return {"params": [p.detach().clone() for p in model.parameters()]}
 
 
 def assemble(pieces: list[dict]) -> dict[str, torch.Tensor]:
@@ -194,6 +226,21 @@ def test_every_strategy_matches_a_single_process_reference(world):
                     )
 
 
+def test_rebalanced_shares_give_every_strategy_the_balanced_update(world):
+    """The spec's correctness rule: with each rank's gradient weighted by its share, uneven
+    shares of the same samples step to the same parameters, for every strategy's reduction
+    (plain and weighted reduce-scatter alike) and with accumulation."""
+    for accum in ACCUMS:
+        ref = reference(world["size"], accum)
+        for name in STRATEGIES:
+            for rank, records in enumerate(world["ranks"]):
+                where = f"{name} grad_accum={accum} rank {rank} rebalanced"
+                for p, r in zip(records[name, accum, "rebalanced"]["params"], ref["params"],
+                                strict=True):
+                    torch.testing.assert_close(
+                        p, r, rtol=1e-5, atol=1e-7, msg=lambda m, w=where: f"{w} params: {m}")
+
+
 def test_clipping_was_active():
     """The reference clips on some steps and not on others, so the tests above check both."""
     norms = reference(4, 1)["norms"]
@@ -238,9 +285,10 @@ SCHEDULE = {
 
 def test_communication_follows_the_schedule_table(world):
     g, groups, b = world["per_node"], world["nodes"], 4  # fp32 on CPU
-    for (name, accum), got in world["ranks"][0].items():
-        if accum not in ACCUMS:
+    for key, got in world["ranks"][0].items():
+        if len(key) != 2 or key[1] not in ACCUMS:
             continue
+        name, accum = key
         inter_units, inter_calls, intra_units = SCHEDULE[name](accum)
         size = got["padded"] * b
         expected = {

@@ -141,8 +141,16 @@ def handler(rollback_to: int | None = 10, *arrivals: list[Command],
     settings = LiveSettings(spec, Optimizer(), FaultManager())
     inbox = CommandInbox(PollByPoll(arrivals), events.append, broadcast=lambda box: None)
     wait = PauseWait(inbox, Watchdog(), poll_s=0, agree=Agreement(), clock=Clock())
-    h = CommandHandler(spec, 2, state, checkpoints, events.append, settings, wait)
+    h = CommandHandler(spec, 2, state, checkpoints, events.append, settings, wait,
+                       rebalancer=FakeRebalancer())
     return h, checkpoints, events
+
+
+class FakeRebalancer:
+    def steer(self, shares):
+        if shares not in ("auto", [3, 1]):
+            raise CommandRefused("rebalance: args.shares must sum to the global batch of 4")
+        return [3, 1]
 
 
 class PollByPoll(FakeChannel):
@@ -253,6 +261,15 @@ def test_a_bad_set_is_refused_naming_the_field_and_changes_nothing():
     assert [(e.action, e.kind, e.error) for e in events] == [
         ("refused", "set", "train.lr: must be a positive number")]
     assert (h.spec.train.lr, h.spec.train.grad_clip) == (2e-3, 1.0)
+
+
+def test_rebalance_hands_the_shares_to_the_rebalancer_and_answers_with_them():
+    h, _, events = handler()
+    assert h.act(command("rebalance", shares=[3, 1])) is None
+    assert h.act(command("rebalance")) is None  # no shares: follow the ranks' speeds
+    assert events == [ack("rebalance", shares=[3, 1])] * 2
+    assert h.handle([command("rebalance", shares=[4, 1])]) is None
+    assert events[-1].error == "rebalance: args.shares must sum to the global batch of 4"
 
 
 def test_cancel_ends_the_run_without_a_checkpoint():

@@ -1,6 +1,7 @@
 """Data: the default corpus, user corpora, and a loader that resumes exactly."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -88,10 +89,56 @@ def test_ranks_split_the_same_global_batch():
         assert torch.equal(labels[:, :-1], inputs[:, 1:])
 
 
-def test_skipping_a_window_moves_past_it():
-    a = TokenLoader(tokens(), seq_len=16, micro_batch=4, rank=0, world_size=1, seed=1)
-    b = TokenLoader(tokens(), seq_len=16, micro_batch=4, rank=0, world_size=1, seed=1)
-    for _ in range(3):
-        a.next_batch()
-    b.skip(3)
-    assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+def step_windows(loaders, grad_accum):
+    """The windows each rank trains on in one step, by their first token."""
+    return [[int(row[0]) for micro in range(grad_accum) for row in loader.next_batch(micro)[0]]
+            for loader in loaders]
+
+
+@pytest.mark.parametrize("shares, grad_accum", [([6, 6, 6, 6], 3), ([8, 8, 5, 3], 3),
+                                                ([10, 7, 4, 3], 2), ([21, 1, 1, 1], 1)])
+def test_any_shares_cover_the_balanced_steps_windows_each_once(shares, grad_accum):
+    def ranks():
+        return [TokenLoader(tokens(), seq_len=16, micro_batch=2 * 3 // grad_accum, rank=r,
+                            world_size=4, seed=5, grad_accum=grad_accum) for r in range(4)]
+
+    balanced, rebalanced = ranks(), ranks()
+    for loader in rebalanced:
+        loader.set_shares(shares)
+    for _ in range(5):  # steps
+        want = step_windows(balanced, grad_accum)
+        got = step_windows(rebalanced, grad_accum)
+        assert [len(w) for w in got] == shares
+        assert sorted(sum(got, [])) == sorted(sum(want, []))
+        assert rebalanced[0].position == balanced[0].position
+
+
+def test_a_rebalanced_loader_resumes_with_its_shares_and_a_reshard_evens_them():
+    loader = TokenLoader(tokens(), seq_len=16, micro_batch=2, rank=1, world_size=2, seed=5,
+                         grad_accum=2)
+    loader.set_shares([6, 2])
+    loader.next_batch(0)
+    state = loader.state_dict()
+    resumed = TokenLoader(tokens(), seq_len=16, micro_batch=2, rank=1, world_size=2, seed=5,
+                          grad_accum=2)
+    resumed.load_state_dict(state)
+    assert resumed.shares == [6, 2] and torch.equal(resumed.next_batch(1)[0],
+                                                    loader.next_batch(1)[0])
+    wider = TokenLoader(tokens(), seq_len=16, micro_batch=1, rank=1, world_size=4, seed=5,
+                        grad_accum=2)
+    wider.load_state_dict(state)
+    assert wider.shares == [2, 2, 2, 2] and not wider.rebalanced
+
+
+@pytest.mark.parametrize("shares, error", [
+    ([4, 4, 4], "a list of 2 whole numbers"),
+    ([4, 3], "sum to the global batch of 8"),
+    ([7, 1], "at least 2 (one per micro-step)"),
+    ([4.0, 4], "whole numbers"),
+])
+def test_shares_that_cannot_split_the_step_are_refused_naming_why(shares, error):
+    loader = TokenLoader(tokens(), seq_len=16, micro_batch=2, rank=0, world_size=2, seed=5,
+                         grad_accum=2)
+    with pytest.raises(ValueError, match=re.escape(error)):
+        loader.set_shares(shares)
+    assert loader.shares == [4, 4]

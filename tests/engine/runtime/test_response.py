@@ -28,6 +28,7 @@ EXPECTED = {
     "retry_step": Discard(step_back=1, rewind_data=True),
     "lr_cut": Apply(lr_factor=0.25),
     "checkpoint": Apply(checkpoint=True),
+    "rebalance": Apply(rebalance=True),
     "rollback": Rollback(),
     "pause": Stop(outcome="pause"),
     "restart": Restart(),
@@ -49,7 +50,8 @@ def test_each_action_maps_to_its_one_verdict(action):
 
 
 def test_no_decision_applies_the_update_at_the_full_learning_rate():
-    assert verdict_for(None) == Apply(decision=None, lr_factor=1.0, checkpoint=False)
+    assert verdict_for(None) == Apply(decision=None, lr_factor=1.0, checkpoint=False,
+                                      rebalance=False)
 
 
 def test_an_lr_cut_without_a_factor_cuts_to_a_tenth():

@@ -59,11 +59,13 @@ def test_semantic_errors_name_their_fields():
         "model": {"preset": "nano", "num_experts": 7},
         "parallel": {"strategy": "XYZ", "nodes": 0},
         "train": {"lr": -1.0, "dataset": {"kind": "text"}},
-        "faults": {"inject": [{"kind": "crash", "step": 999, "rank": 5}]},
+        "faults": {"inject": [{"kind": "crash", "step": 999, "rank": 5},
+                              {"kind": "slow_rank", "step": 5, "rank": 0, "until": 4}]},
     })
     assert set(errors) == {
         "name", "model.n_group", "parallel.strategy", "parallel.nodes", "train.lr",
         "train.dataset.paths", "faults.inject.0.step", "faults.inject.0.rank",
+        "faults.inject.1.rank", "faults.inject.1.until",
     }
     assert "NNN" in errors["parallel.strategy"]
 

@@ -209,6 +209,19 @@ def test_each_steering_command_is_stored_with_its_arguments(ringside, user, smal
                "the resumed job was not cancelled")
 
 
+def test_rebalance_sends_the_shares_and_a_refusal_names_the_field(ringside, user, small_spec):
+    small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
+    job = held(user, small_spec, State.RUNNING)
+    receipt = json.loads(ringside("--json", "jobs", "rebalance", job.pk, "3,1").out)
+    assert receipt["args"] == {"shares": [3, 1]}
+    assert Command.objects.get(job=job, kind="rebalance").args == {"shares": [3, 1]}
+    assert "rebalance shares=auto: command" in ringside("jobs", "rebalance", job.pk).out
+    refused = ringside("jobs", "rebalance", job.pk, "3,3")
+    assert refused.code == 5 and "error: shares: must sum to the global batch of 4" in refused.err
+    unreadable = ringside("jobs", "rebalance", job.pk, "fast")
+    assert unreadable.code == 2 and "is not auto, even or numbers" in unreadable.err
+
+
 @pytest.mark.parametrize("argv", [("jobs", "set", "{job}", "train.lr=0.001")])
 def test_set_and_export_are_sent_or_the_missing_endpoint_is_named(ringside, user, small_spec,
                                                                   argv):
