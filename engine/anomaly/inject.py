@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -78,16 +78,18 @@ class FaultInjector:
         return loss
 
     @contextmanager
-    def slowdown(self, step: int) -> Iterator[None]:
+    def slowdown(self, step: int,
+                 timed: Callable[[], AbstractContextManager] = nullcontext) -> Iterator[None]:
         """Around an op: from a slow_rank injection's step on (to its `until`), stretch the op
-        to factor x."""
+        to factor x; the added time in a `timed()` span of its own (a slower device's work)."""
         factor = max((inj.factor for _, inj in self._mine if inj.kind == "slow_rank"
                       and inj.step <= step and (not inj.until or step <= inj.until)),
                      default=1.0)
         start = time.perf_counter()
         yield
         if factor > 1.0:
-            time.sleep((factor - 1.0) * (time.perf_counter() - start))
+            with timed():
+                time.sleep((factor - 1.0) * (time.perf_counter() - start))
 
     def hang_point(self, step: int) -> None:
         """Block this thread for good when a hang is due (the watchdog thread keeps running)."""

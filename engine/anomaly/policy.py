@@ -39,11 +39,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     # (the first `warmup` steps, with their allocations and first-call costs, are skipped).
     # A rank still named `persist` steps later (rebalancing did not bring it back: a
     # persistent straggler) is named again, which takes the ladder's next rung. The
-    # rebalancer follows the ranks' speeds, median over `rebalance_window` steps, and changes
-    # shares only by more than `rebalance_tolerance` of an even share (ranks on shared cores
-    # drift 15% apart: within that, shares go back to even and stay there)
+    # rebalancer follows the ranks' speeds, median over `rebalance_window` steps, while their
+    # times differ by more than `rebalance_tolerance`, and shares that close to even become
+    # even (ranks on shared cores drift 10-15% apart: that is noise, not a straggler)
     "straggler": {"score": 0.5, "window": 5, "patience": 3, "warmup": 10, "persist": 30,
-                  "rebalance_window": 10, "rebalance_tolerance": 0.2},
+                  "rebalance_window": 10, "rebalance_tolerance": 0.15},
     "hang": {},
     # per layer over a window: mean normalised load entropy below `entropy`, or at least
     # `dead_share` of the experts without a token for the whole window

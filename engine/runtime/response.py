@@ -134,11 +134,10 @@ class FaultResponse:
             strongest = self.approvals.review(strongest, anomalies, step, self.faults.now)
         return verdict_for(strongest)
 
-    def rebalanced(self, step: int, shares: list[int]) -> None:
-        """Publish a change of the ranks' shares made by following their speeds."""
+    def rebalanced(self, step: int, shares: list[int], reason: str) -> None:
+        """Publish a change of the ranks' shares that the rebalancer made on its own."""
         self.emit(ActionEvent(step=step, action="rebalance", by=ActionBy.POLICY,
-                              anomaly="straggler", reason="following the ranks' speeds",
-                              details={"shares": shares}))
+                              anomaly="straggler", reason=reason, details={"shares": shares}))
 
     def announce(self, verdict: Verdict, **outcome: Any) -> None:
         """Publish the decision carried out, with what it did (e.g. the checkpoint)."""

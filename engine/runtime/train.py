@@ -188,7 +188,7 @@ class Trainer:
                 input_ids, labels = loader.next_batch(micro)
             samples = len(input_ids)
             with self.timer.op("forward_backward", kind="compute"), \
-                    self.injector.slowdown(self.state.step):
+                    self.injector.slowdown(self.state.step, lambda: self.timer.op("slow_rank")):
                 output = self.dp.forward_backward(
                     input_ids.to(self.device), labels.to(self.device),
                     weight=Fraction(samples * self.world_size, loader.global_batch))
@@ -247,8 +247,8 @@ class Trainer:
         ops, experts = self.telemetry.publish(metrics, worst, counts, self.response.found)
         self.response.observe(grad_norm, metrics.tokens_per_s, int(worst.local["rss_bytes"]),
                               ops, experts)
-        if (changed := s.rebalancer.observe(ops["ranks"], shares)) is not None:
-            self.response.rebalanced(s.step, changed)
+        if (change := s.rebalancer.observe(ops["ops"], shares)) is not None:
+            self.response.rebalanced(s.step, change.shares, change.reason)
         self.checkpoints.save_if_due()
         return metrics
 

@@ -1,10 +1,10 @@
 """A job page opened (or reloaded) after the fact shows what a page that watched the run live
 showed: every chart's traces, the markers, the Commands card, the anomaly feed and the state
 history. The run has it all: an injected loss spike (anomaly and policy action), checkpoints,
-a rollback, a reshard onto another strategy, a pause and a resume (all through the API) and a
-rank crash that restarts the ranks. It is compared twice: paused mid-run, with a page opened
-then, and finished, with the watching page reloaded. The same run checks that the per-op time
-stack adds up to each step's time."""
+a rollback, a reshard onto another strategy, pinned shares of the batch (a rebalance), a pause
+and a resume (all through the API) and a rank crash that restarts the ranks. It is compared
+twice: paused mid-run, with a page opened then, and finished, with the watching page reloaded.
+The same run checks that the per-op time stack adds up to each step's time."""
 
 import re
 
@@ -25,6 +25,7 @@ SPEC = {"name": "reload-e2e", "model": {"preset": "tiny"},
         "checkpoint": {"every": 5, "keep": 3},
         "faults": {"inject": [{"kind": "loss_spike", "step": 7, "rank": 1, "factor": 10},
                               {"kind": "crash", "step": 28, "rank": 1}]}}
+PINNED = [3, 1]  # samples per step of each rank: the global batch of 2 x 2, unevenly
 
 # What a person sees: each chart's traces (x/y, or z for heatmaps, by trace name) and the
 # rows of each card.
@@ -133,29 +134,36 @@ def test_a_reloaded_job_page_shows_what_the_live_one_showed_and_the_op_stack_add
     steer(api, job_id, "reshard", {"strategy": "GGG", "nodes": 1, "procs_per_node": 2})
     expect(page.locator("#feed li[data-kind=reshard]")).to_have_count(1, timeout=60_000)
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
+    wait_for_step(page, 16)  # stepping on the new layout (the page may not know it reshards yet)
+    steer(api, job_id, "rebalance", {"shares": PINNED})
     wait_for_step(page, 20)
     steer(api, job_id, "pause")
     expect(page.locator("#state")).to_have_text("paused", timeout=ENGINE_START_MS)
     # mid-run: a page opened on the paused job equals the one that watched
     paused = settled_view(page, job_id)
-    assert not differences(paused, opened_now(page, url, job_id, 3))
+    assert not differences(paused, opened_now(page, url, job_id, 4))
 
     steer(api, job_id, "resume")
     # the injected crash restarts the ranks from the newest checkpoint
     expect(page.locator("#feed li[data-kind=restart]")).to_have_count(1, timeout=ENGINE_START_MS)
     expect(page.locator("#state")).to_have_text("completed", timeout=3 * ENGINE_START_MS)
-    expect(page.locator("#results li")).to_have_count(4)
+    expect(page.locator("#results li")).to_have_count(5)
     live = settled_view(page, job_id)
     page.screenshot(path=output_dir / "1-live.png", full_page=True)
 
     page.reload()
     expect(page.locator("#live")).to_have_text("finished")
-    expect(page.locator("#results li")).to_have_count(4)
+    expect(page.locator("#results li")).to_have_count(5)
     reloaded = settled_view(page, job_id)
     page.screenshot(path=output_dir / "2-reloaded.png", full_page=True)
     assert not differences(live, reloaded), differences(live, reloaded)
     assert live["charts"]["chart-memory"] and live["charts"]["chart-system"]
     assert all("done" in row for row in live["commands"]), live["commands"]
+    # the pinned shares are kept by the checkpoints the pause and the restart resumed from (the
+    # fault policy may follow the ranks' speeds after them)
+    shares = live["charts"]["chart-shares"]
+    assert [t["name"] for t in shares] == ["rank 0", "rank 1"]
+    assert PINNED in [list(point) for point in zip(*(t["y"] for t in shares), strict=True)]
     feed_steps = [int(re.match(r"step (\d+)", row).group(1)) for row in live["feed"]]
     assert feed_steps == sorted(feed_steps, reverse=True)
     assert_the_op_stack_adds_up(live["charts"]["chart-ops"], job_id)

@@ -1,17 +1,20 @@
 """A person launches a 2x2 `tiny` job from the form with an injected loss spike and a slow
 rank, watches the dashboard explain both, and steers the run from its page: checkpoint,
 rollback to a checkpoint picked on the loss chart, pause, resume, reshard onto another
-strategy, cancel. Every control's result appears on the page, and says done only once its
-effect shows (Checkpoint now is held until the checkpoint is written; a resume waits for the
-engine to step again; the checkpoints a rollback abandoned are labelled so in the picker);
-screenshots of each stage go to test-results/."""
+strategy, rebalance the ranks' shares of the batch, cancel. Every control's result appears on
+the page, and says done only once its effect shows (Checkpoint now is held until the checkpoint
+is written; a resume waits for the engine to step again; the checkpoints a rollback abandoned
+are labelled so in the picker; the shares chart follows a rebalance); screenshots of each stage
+go to test-results/."""
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
+from jobs.models import Command
 from tests.e2e.session import ENGINE_START_MS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,6 +200,52 @@ def resume_and_see_the_engine_run_again(page: Page, output_dir: Path) -> None:
     page.screenshot(path=output_dir / "5-resumed.png", full_page=True)
 
 
+def wait_for_shares(page: Page, shares: list[int]) -> None:
+    """The shares chart has a line per rank, each ending at that rank's samples in `shares`."""
+    page.wait_for_function(
+        """shares => {
+            const traces = document.getElementById('chart-shares').data || [];
+            return traces.length === shares.length
+              && traces.every((t, r) => t.name === `rank ${r}` && t.y.at(-1) === shares[r]);
+        }""", arg=shares, timeout=30_000)
+
+
+def rebalance_from_the_panel(page: Page, output_dir: Path) -> None:
+    """The panel starts from the even shares the chart draws; a list that does not sum to the
+    global batch is refused by the API, naming the shares, and nothing is sent to the engine;
+    a pinned list, the slow rank the least, is done and the chart's lines end at it."""
+    spec = json.loads(page.locator("#job-spec").text_content())
+    train, parallel = spec["train"], spec["parallel"]
+    ranks = parallel["nodes"] * parallel["procs_per_node"]
+    batch, least = train["micro_batch"] * ranks * train["grad_accum"], train["grad_accum"]
+    wait_for_shares(page, [batch // ranks] * ranks)
+    pinned = [(batch - least) // (ranks - 1)] * (ranks - 1) + [least]
+    pinned[0] += batch - sum(pinned)
+    assert SLOW_RANK == ranks - 1 and sum(pinned) == batch and pinned[-1] < min(pinned[:-1])
+
+    page.click("#rebalance")
+    field = page.locator("#rebalance-shares")
+    expect(field).to_have_value(", ".join([str(batch // ranks)] * ranks))
+    field.fill(", ".join(str(n) for n in [*pinned[:-1], least + 1]))
+    with page.expect_response(lambda r: r.url.endswith("/rebalance/")) as answer:
+        page.click("#rebalance-go")
+    assert answer.value.status == 400, answer.value.text()
+    refused = command_result(page, "rebalance")
+    expect(refused).to_have_attribute("data-state", "refused")
+    expect(refused).to_contain_text(
+        f"Rebalance refused: shares: must sum to the global batch of {batch} samples")
+    assert not Command.objects.filter(kind="rebalance").exists()
+
+    field.fill(", ".join(str(n) for n in pinned))
+    page.click("#rebalance-go")
+    done = command_result(page, "rebalance")
+    expect(done).to_have_attribute("data-state", "done", timeout=60_000)
+    expect(done).to_contain_text(
+        re.compile(rf"Rebalance done at step \d+: shares {', '.join(str(n) for n in pinned)}$"))
+    wait_for_shares(page, pinned)
+    page.screenshot(path=output_dir / "7-rebalanced.png", full_page=True)
+
+
 def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
         page, live_server_url, celery_worker, user, output_dir):
     log_in(page, live_server_url)
@@ -243,8 +292,10 @@ def test_launch_a_faulty_2x2_job_watch_the_dashboard_explain_it_and_steer_it(
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     page.screenshot(path=output_dir / "6-resharded.png", full_page=True)
 
+    rebalance_from_the_panel(page, output_dir)
+
     # cancel: the ranks stop and the page says so
     page.click("#cancel")
     expect(page.locator("#state")).to_have_text("cancelled", timeout=60_000)
     expect(history).to_contain_text("cancelled")
-    page.screenshot(path=output_dir / "7-cancelled.png", full_page=True)
+    page.screenshot(path=output_dir / "8-cancelled.png", full_page=True)

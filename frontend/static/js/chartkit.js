@@ -15,6 +15,11 @@ export function colorOf(name) {
   return PALETTE[hash % PALETTE.length];
 }
 
+// A rank keeps its colour in every per-rank chart (system metrics, shares of the batch).
+const RANK_COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777",
+                     "#65a30d", "#475569", "#ea580c"];
+export const rankColor = (rank) => RANK_COLORS[rank % RANK_COLORS.length];
+
 // A chart before its data: the title and what it waits for, no axes (empty axes showed
 // negative ranges that meant nothing).
 export function waitingLayout(title, height, text = "waiting for the first step…") {

@@ -5,17 +5,17 @@
 // reshard before the engine runs again, so those wait for the job to run and step.
 import { api } from "./api.js";
 import { Exports } from "./exports.js";
-import { bytes, duration, el, errorText, rows } from "./format.js";
+import { bytes, duration, el, errorText, rows, sharesText } from "./format.js";
 import { PlanTable } from "./plan.js";
 
 // the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
-                rollback: "Rollback", reshard: "Reshard", set: "Set" };
+                rollback: "Rollback", reshard: "Reshard", set: "Set", rebalance: "Rebalance" };
 // the commands sent from elsewhere on the page (the proposals card), listed with the others
 const OTHER_LABEL = { decide: "Decision" };
 const label = (kind) => LABEL[kind] ?? OTHER_LABEL[kind] ?? kind;
-// the commands whose button opens a panel; the panel's own button sends the command
-const PANELS = ["rollback", "reshard", "set"];
+// the commands whose button opens a panel; the panel's own buttons send the command
+const PANELS = ["rollback", "reshard", "set", "rebalance"];
 // the commands whose effect is the engine running again: done at its first step after them
 const RUNS_AGAIN = new Set(["resume", "reshard"]);
 // the buttons that stay disabled until their command is settled (a second checkpoint click
@@ -26,6 +26,13 @@ const WAITING = "waiting for the engine…";
 const gone = (c) => c.branch === "abandoned" && c.available === false;
 // the job's states on its way back to running after a resume or reshard
 const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm", "waiting_for_hosts"]);
+
+// "10, 10, 10, 2" as a list of samples per rank; other text goes as it is, for the API to
+// say what is wrong with it (or to take "auto" or "even")
+function parseShares(text) {
+  const parts = text.split(",").map((part) => part.trim());
+  return parts.every((part) => /^\d+$/.test(part)) ? parts.map(Number) : text.trim();
+}
 
 // a `set` action's changes: "train.lr 0.002 → 0.0005"
 const changesText = (changes) => Object.entries(changes ?? {})
@@ -40,6 +47,7 @@ function describe(result) {
   if (result.skip_data) parts.push("data window skipped");
   if (result.settings) parts.push(`settings ${result.settings}`);
   if (result.changes) parts.push(changesText(result.changes));
+  if (result.shares) parts.push(sharesText(result.shares));
   if (result.proposal) parts.push(`${result.proposal} ${result.choice}, took ${result.take}`);
   if (result.parallel) {
     const p = result.parallel;
@@ -54,7 +62,7 @@ function describe(result) {
 
 export class Controls {
   constructor(job) {
-    this.job = job; // {id, spec, state(), actions()}
+    this.job = job; // {id, spec, state(), actions(), shares(): the ranks' shares now}
     this.commands = new Map(); // id -> {kind, entry, ran (its effect seen), doneText}
     this.held = new Map(); // a HOLD kind -> the id of its command not settled yet
     this.checkpoints = [];
@@ -71,6 +79,14 @@ export class Controls {
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
     document.getElementById("set-go").addEventListener("click", () => this.set());
+    // the ranks' shares of the step's batch: a list of samples per rank, "auto" (follow the
+    // ranks' speeds) or "even"
+    this.shares = document.getElementById("rebalance-shares");
+    const rebalance = (shares) => this.send("rebalance", { shares });
+    document.getElementById("rebalance-go").addEventListener("click",
+      () => rebalance(parseShares(this.shares.value)));
+    document.getElementById("rebalance-auto").addEventListener("click", () => rebalance("auto"));
+    document.getElementById("rebalance-even").addEventListener("click", () => rebalance("even"));
     const layout = job.spec.parallel ?? {};
     this.nodes = document.getElementById("reshard-nodes");
     this.procs = document.getElementById("reshard-procs");
@@ -101,8 +117,12 @@ export class Controls {
     for (const kind of Object.keys(LABEL)) {
       document.getElementById(kind).disabled = !this.allowed(kind, state) || this.held.has(kind);
     }
-    // the buttons in the rollback and reshard panels send those commands
-    for (const kind of PANELS) document.getElementById(`${kind}-go`).disabled = !this.allowed(kind, state);
+    // every button in a command's panel sends that command
+    for (const kind of PANELS) {
+      for (const button of document.querySelectorAll(`#${kind}-panel button`)) {
+        button.disabled = !this.allowed(kind, state);
+      }
+    }
     document.getElementById("pause-warm").disabled = !this.allowed("pause", state);
   }
 
@@ -111,6 +131,7 @@ export class Controls {
       const panel = document.getElementById(`${kind}-panel`);
       panel.hidden = !panel.hidden;
       if (kind === "reshard" && !panel.hidden) this.replan();
+      if (kind === "rebalance" && !panel.hidden) this.shares.value = this.job.shares().join(", ");
       return;
     }
     if (kind === "clone") return this.clone();

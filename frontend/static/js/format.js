@@ -26,6 +26,12 @@ export function num(x, digits = 4) {
   return Number(x.toPrecision(digits)).toString();
 }
 
+// A rebalance's shares of the step's batch, samples per rank: "shares 10, 10, 10, 2" ("" for
+// none)
+export function sharesText(shares) {
+  return Array.isArray(shares) ? `shares ${shares.join(", ")}` : "";
+}
+
 // An element with text, built without innerHTML so event data can never become markup.
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);

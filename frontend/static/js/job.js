@@ -2,10 +2,11 @@
 // dropped connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
 import { api } from "./api.js";
 import { Controls } from "./controls.js";
-import { duration, el, num, rows, where } from "./format.js";
+import { duration, el, num, rows, sharesText, where } from "./format.js";
 import { Goodput } from "./goodput.js";
 import { MetricCharts } from "./metrics.js";
 import { Proposals } from "./proposals.js";
+import { SharesChart } from "./shares.js";
 import { Telemetry } from "./telemetry.js";
 
 const root = document.getElementById("job");
@@ -34,7 +35,8 @@ function remember(kind, event) {
   return true;
 }
 
-const controls = new Controls({ id: jobId, spec, state: () => state, actions: () => marks.actions });
+const controls = new Controls({ id: jobId, spec, state: () => state, actions: () => marks.actions,
+                                shares: () => shares.current() });
 const charts = new MetricCharts(jobId, {
   markers: () => marks,
   // a step's marker may stand for several checkpoints of it: pick the one the list offers
@@ -42,6 +44,7 @@ const charts = new MetricCharts(jobId, {
     controls.checkpoints.find((shown) => shown.step === c.step) ?? checkpointWithId(c)),
 });
 const telemetry = new Telemetry({ layoutAt });
+const shares = new SharesChart({ spec, events: () => marks, newestStep: () => step });
 const goodput = new Goodput(jobId);
 const proposals = new Proposals(jobId, JSON.parse(document.getElementById("ladder-actions").textContent));
 let checkpointRows = new Map(); // event seq -> the API's checkpoint row (its id, branch)
@@ -158,7 +161,7 @@ function feedItem(kind, e) {
                     e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
                     Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")],
     action: () => [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
-                   e.reason ?? "", e.error ?? ""],
+                   e.reason ?? "", e.error ?? "", sharesText(e.shares)],
     membership: () => [`hosts ${e.hosts_before.join(", ")} → ${e.hosts_after.join(", ")}`,
                        `${e.world_size} ranks`, e.reason],
   }[kind]();
@@ -188,6 +191,7 @@ function onStep(event) {
   rate.push([event.time, event.step]);
   if (rate.length > 30) rate.shift();
   showProgress();
+  shares.update(); // its lines reach the newest step
   controls.stepped();
   // how many steps arrived live (after the snapshot): what the browser tests look for
   root.dataset.liveSteps = Number(root.dataset.liveSteps ?? 0) + 1;
@@ -199,6 +203,7 @@ function onMark(kind, event, live = true) {
                 membership: "memberships" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
+  if (live && ["action", "membership"].includes(kind)) shares.update();
   if (live) charts.redrawMarkers(); // the snapshot's are drawn with its series, once
   if (kind === "action" && live) {
     if (event.command) showCommands(); else controls.acknowledge(event);
@@ -233,6 +238,7 @@ function onSnapshot(message) {
   step = job.step ?? step;
   showState(job.state ?? message.state, job.error);
   showProgress();
+  shares.update();
   showCheckpoints();
   loadCheckpoints();
   showCommands();

@@ -6,7 +6,7 @@
 // endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
 // one-step spike still shows in the envelope.
 import { api } from "./api.js";
-import { CONFIG, waitingLayout } from "./chartkit.js";
+import { CONFIG, rankColor, waitingLayout } from "./chartkit.js";
 import { X_TITLES, bindPrefs, ema } from "./chartprefs.js";
 import { bytes, num } from "./format.js";
 import { Throttled } from "./throttle.js";
@@ -48,8 +48,6 @@ const SYSTEM_ROWS = [
   { axis: "y", fields: { cpu_percent: "solid", gpu_util_percent: "dot" } },
   { axis: "y2", fields: { rss_bytes: "solid", gpu_memory_bytes: "dash", gpu_max_memory_bytes: "dot" } },
 ];
-const RANK_COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777",
-                     "#65a30d", "#475569", "#ea580c"];
 
 function emptySeries() {
   return { step: [], value: [], min: [], max: [] };
@@ -229,7 +227,7 @@ export class MetricCharts {
         const s = this.series[name];
         traces.push({ x: this.xOf(s.step), y: s.value, mode: "lines", yaxis: axis, name: `rank ${r}`,
                       legendgroup: rank, showlegend: field === "cpu_percent",
-                      line: { color: RANK_COLORS[r % RANK_COLORS.length], width: 1.4, dash: fields[field] },
+                      line: { color: rankColor(r), width: 1.4, dash: fields[field] },
                       hovertemplate: `rank ${r} ${field}: %{y:.3s}<extra></extra>` });
       }
     }
