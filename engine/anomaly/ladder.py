@@ -15,9 +15,11 @@ and past the top the job pauses for a person.
 What the loop does for each action: observe - record only; skip_update - drop this step's
 gradients and do not step the optimizer; retry_step - drop them and run the same step on the
 same data again; lr_cut - redo the step with the learning rate times `lr_factor`; checkpoint -
-save now; rollback - load the last good checkpoint and skip the data window since then;
-restart - restart the ranks from the last checkpoint; pause - checkpoint, stop, wait for a
-person.
+save now; rebalance - shares of the batch that follow the ranks' speeds (engine.runtime.
+rebalance); rollback - load the last good checkpoint and skip the data window since then;
+exclude - train on while the platform drains the straggler's host and moves the job off it
+(a job on one host restarts instead); restart - restart the ranks from the last checkpoint;
+pause - checkpoint, stop, wait for a person.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class Decision:
 class ResponseLadder:
     def __init__(self, policy: FaultPolicy | None = None, reset_after: int = 100,
                  retries_per_step: int = 1, rollbacks_per_hour: int = 2,
-                 lr_factor: float = 0.1):
+                 lr_factor: float = 0.1, hosts: int = 1):
+        """`hosts`: how many hosts the job runs on (on one, `exclude` restarts instead)."""
         policy = policy or FaultPolicy()
-        self.ladders = policy_ladders(policy)
+        self.hosts = hosts
+        self.ladders = policy_ladders(policy, hosts)
         self.max_restarts = policy.max_restarts
         self.reset_after = reset_after
         self.retries_per_step = retries_per_step
@@ -64,7 +68,7 @@ class ResponseLadder:
         self.restarts = 0
 
     def set_ladders(self, policy: FaultPolicy) -> None:
-        self.ladders = policy_ladders(policy)
+        self.ladders = policy_ladders(policy, self.hosts)
 
     def decide(self, anomalies: list[Anomaly], step: int, now: float) -> list[Decision]:
         """One decision per anomaly kind present, strongest first. `now` is wall-clock seconds

@@ -28,9 +28,10 @@ from engine.anomaly.policy import FaultPolicy
 
 
 class FaultManager:
-    def __init__(self, policy: FaultPolicy | None = None, rank: int = 0, group: Any = None):
+    def __init__(self, policy: FaultPolicy | None = None, rank: int = 0, group: Any = None,
+                 hosts: int = 1):
         self.detectors = Detectors(policy, rank)
-        self.ladder = ResponseLadder(policy)
+        self.ladder = ResponseLadder(policy, hosts=hosts)
         self.group = group
         self._reported: collections.deque[Anomaly] = collections.deque()
         self.now = 0.0  # the wall clock the ranks agreed on in the last `step`

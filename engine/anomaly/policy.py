@@ -57,7 +57,7 @@ DEFAULTS: dict[str, dict[str, float]] = {
 
 # weakest to strongest: when several decisions share a step, the loop carries out the last
 ACTIONS = ("observe", "resume", "rebalance", "skip_update", "retry_step", "lr_cut", "checkpoint",
-           "rollback", "reshard", "restart", "pause", "cancel")
+           "rollback", "reshard", "exclude", "restart", "pause", "cancel")
 LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
 
 DEFAULT_LADDERS: dict[str, list[str]] = {
@@ -65,7 +65,9 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "loss_spike": ["skip_update", "retry_step", "lr_cut", "rollback", "pause"],  # Ling §8
     "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
     "throughput_drop": ["observe"],
-    "straggler": ["rebalance", "restart", "pause"],  # AntDT: less data, then a new start
+    # AntDT: less data; a persistent straggler's host is drained and the job goes on without it
+    # (on one host there is no other: the ranks restart)
+    "straggler": ["rebalance", "exclude", "pause"],
     "hang": ["restart", "pause"],
     "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
     "memory_growth": ["observe", "checkpoint", "pause"],
@@ -115,10 +117,12 @@ def policy_thresholds(policy: FaultPolicy) -> dict[str, dict[str, float]]:
             for kind, params in DEFAULTS.items()}
 
 
-def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
-    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field."""
+def policy_ladders(policy: FaultPolicy, hosts: int = 1) -> dict[str, list[str]]:
+    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field.
+    A job on one host (`hosts`) has no host to exclude: its `exclude` rungs restart."""
     _check(policy)
-    return {kind: list(policy.actions.get(kind, ladder))
+    return {kind: [("restart" if action == "exclude" and hosts < 2 else action)
+                   for action in policy.actions.get(kind, ladder)]
             for kind, ladder in DEFAULT_LADDERS.items()}
 
 

@@ -84,7 +84,7 @@ class Trainer:
             self.model, self.topo, self.strategy, lr=t.lr, weight_decay=t.weight_decay,
             grad_accum=t.grad_accum, collective=p.collective, timer=self.timer,
         )
-        self.faults = FaultManager(policy, self.rank)
+        self.faults = FaultManager(policy, self.rank, hosts=p.hosts)
         self.state = TrainState(self.model, self.dp, self.loader, self.faults, spec)
         self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state,
                                             self.timer, self.emit)

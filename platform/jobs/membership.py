@@ -25,6 +25,7 @@ from django.utils import timezone
 from engine.contract import AnomalyEvent, MembershipEvent
 from engine.runtime.events import EventLog
 from engine.runtime.spec import layout_on_hosts, parse_spec
+from hosts import registry
 from hosts.models import Host
 from jobs import placement
 from jobs.dispatch import dispatch
@@ -107,6 +108,20 @@ def lose_hosts(job: Job, incarnation: int, hosts: list[str], reason: str) -> boo
         dispatch(current)
     log.warning("job %s: lost host(s) %s (%s); requeued", job.pk, ", ".join(hosts), reason)
     return True
+
+
+def exclude(job: Job, incarnation: int, rank: int) -> str:
+    """The fault policy excludes `rank`, a persistent straggler: drain the host that runs it
+    (the job then moves off it: `regroup_reason`); why, or "" when no host of this
+    incarnation runs that rank."""
+    reservations = held(job, incarnation)
+    p = parse_spec(incarnation_spec(job, len(reservations))).parallel
+    node_rank = rank // p.procs_per_node // (p.nodes // len(reservations) or 1)
+    host = next((r.host for r in reservations if r.node_rank == node_rank), None)
+    if host is None:
+        return ""
+    registry.set_drained(host, True, actor="fault policy")
+    return f"host {host.name} drained: its rank {rank} stayed a straggler after rebalancing"
 
 
 def regroup_reason(job: Job, incarnation: int) -> str:

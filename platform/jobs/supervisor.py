@@ -39,6 +39,7 @@ from jobs.launch import kill_group, run_dir, start_engine, stderr_tail
 from jobs.membership import (
     Peers,
     announce,
+    exclude,
     held,
     incarnation_spec,
     lose_hosts,
@@ -222,6 +223,8 @@ class Supervisor:
         elif isinstance(event, contract.ActionEvent):
             if (event.command or "").isdigit():  # a platform command's id
                 commands.settle(self.job, event)
+            elif event.action == "exclude" and self.peers is not None:
+                self.exclude(event)
             else:
                 policy.auto_pause(self.job, event)
         elif isinstance(event, contract.CheckpointEvent):
@@ -233,6 +236,15 @@ class Supervisor:
             notify(self.job, "anomaly", {"kind": event.kind, "severity": event.severity,
                                          "rank": event.rank, "step": event.step,
                                          "evidence": event.evidence})
+
+    def exclude(self, event: contract.ActionEvent) -> None:
+        """The fault policy excludes a persistent straggler: drain its host and move the job
+        off it now (from the checkpoint the pause writes)."""
+        reason = exclude(self.job, self.peers.incarnation, event.rank or 0)
+        self.job.refresh_from_db(fields=["state"])
+        if reason and self.job.state == State.RUNNING:
+            self.regroup = reason
+            self.pause_to_regroup()
 
     def pause_to_regroup(self) -> None:
         """Stop at the next step boundary (a cold pause: the checkpoint it writes is where the

@@ -84,3 +84,13 @@ def test_state_dict_round_trip_keeps_escalation_and_caps():
     b = ResponseLadder()
     b.load_state_dict(a.state_dict())
     assert actions(a, [12, 13]) == actions(b, [12, 13]) == ["lr_cut", "rollback"]
+
+
+def test_a_persistent_straggler_is_excluded_on_several_hosts_and_restarted_on_one():
+    straggler = [Anomaly("straggler", "error", 20, rank=3)]
+    for hosts, second in ((2, "exclude"), (1, "restart")):
+        ladder = ResponseLadder(hosts=hosts)
+        assert [d.action for d in ladder.decide(straggler, 20, now=0.0)] == ["rebalance"]
+        assert [d.action for d in ladder.decide(straggler, 50, now=1.0)] == [second]
+        ladder.set_ladders(FaultPolicy(actions={"straggler": ["exclude"]}))
+        assert ladder.ladders["straggler"] == [second]

@@ -17,6 +17,7 @@ from jobs.launch import run_dir
 from jobs.membership import (
     Peers,
     announce,
+    exclude,
     incarnation_spec,
     lose_hosts,
     regroup_reason,
@@ -114,6 +115,17 @@ def test_a_drained_host_or_room_to_grow_back_moves_the_job_at_its_next_checkpoin
     assert regroup_reason(running, running.incarnation) == "scaling back up from 1 to 2 hosts"
     running.spec["parallel"]["scale_up"] = False
     assert regroup_reason(running, running.incarnation) == ""
+
+
+def test_excluding_a_persistent_stragglers_rank_drains_the_host_that_runs_it(running):
+    """Two hosts, one node of two ranks each: ranks 2 and 3 run on the second host."""
+    second = running.placement[1].host.name
+    reason = exclude(running, running.incarnation, rank=3)
+    assert reason == f"host {second} drained: its rank 3 stayed a straggler after rebalancing"
+    assert Host.objects.get(name=second).drained
+    assert not Host.objects.get(name=running.placement[0].host.name).drained
+    assert regroup_reason(running, running.incarnation) == f"host(s) {second} drained"
+    assert exclude(running, running.incarnation, rank=9) == ""  # no host runs it
 
 
 def test_a_new_incarnation_on_other_hosts_publishes_the_membership_change(running):
