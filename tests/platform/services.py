@@ -34,22 +34,23 @@ from ringside.services import (
     web_processes,
     web_server_command,
 )
+from tests.workers import worker_index
 
-PLATFORM_REDIS_DB = 14
+PLATFORM_REDIS_DB = 14  # each test process its own: 14, 13 (tests/workers.py)
 SMALL_SPEC = {"name": "t", "model": {"preset": "nano"},
               "train": {"steps": 6, "micro_batch": 2, "seq_len": 32, "eval_every": 0,
                         "threads": 1},
               "checkpoint": {"every": 0}}
 
 
-def _with_db(url: str, db: int) -> str:
+def with_db(url: str, db: int) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 @pytest.fixture(scope="session")
 def platform_redis_url(redis_url: str) -> str:
-    url = _with_db(redis_url, PLATFORM_REDIS_DB)
+    url = with_db(redis_url, PLATFORM_REDIS_DB - worker_index())
     client = redis.Redis.from_url(url)
     client.flushdb()  # job ids restart with each test database; so must their streams
     yield url

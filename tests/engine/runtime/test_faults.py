@@ -1,8 +1,9 @@
 """Faults injected into real 2x2 runs are caught in the step they happen, answered by the
-policy, and the run goes on: spikes and NaNs skip the update, a slow rank is named, a hung or
-crashed rank is restarted and the run resumes from its newest checkpoint. The slow rank is
-timed on the `tiny` model (its compute outweighs the host's noise); the faults whose handling
-does not depend on the model's size run on `nano`, whose steps cost a fraction."""
+policy, and the run goes on: spikes and NaNs skip the update, a hung or crashed rank is
+restarted and the run resumes from its newest checkpoint. Their handling does not depend on
+the model's size, so they run on `nano`, whose steps cost a fraction of `tiny`'s (a slow rank,
+timed on `tiny` where compute outweighs the host's noise, is named and rebalanced in
+test_rebalance.py)."""
 
 import json
 import statistics
@@ -61,29 +62,23 @@ def of_type(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["type"] == kind]
 
 
-def test_spike_nan_and_slow_rank_on_a_2x2_run(tmp_path):
+def test_spike_and_nan_on_a_2x2_run(tmp_path):
     scraped: list[str] = []
     scraper = scrape_while_running(tmp_path / "events.jsonl", scraped)
-    events = run(tmp_path, two_by_two("faults", 24, [
+    events = run(tmp_path, two_by_two("faults", 20, [
         {"kind": "loss_spike", "step": 8, "rank": 1, "factor": 10.0},
         {"kind": "nan", "step": 11, "rank": 2},
-        {"kind": "slow_rank", "step": 14, "rank": 3, "factor": 4.0},
-    ], preset="tiny", actions={"straggler": ["observe"]}),  # the slow rank stays slow: watch it
-        metrics_port=0)
+    ]), metrics_port=0)
     scraper.join(timeout=5)
     anomalies = {(a["kind"], a["step"]): a for a in of_type(events, "anomaly")}
     assert anomalies[("loss_spike", 8)]["rank"] == 1
     assert anomalies[("nan", 11)]["rank"] == 2
-    stragglers = [a for a in of_type(events, "anomaly") if a["kind"] == "straggler"]
-    assert stragglers and stragglers[0]["rank"] == 3 and 14 <= stragglers[0]["step"] <= 24
 
     actions = {(a["anomaly"], a["step"]): a["action"] for a in of_type(events, "action")}
     assert actions[("loss_spike", 8)] == "skip_update"
     assert actions[("nan", 11)] == "skip_update"
 
-    # the ops event names the slowed rank as the slowest in the slowed op
-    late_ops = [e for e in of_type(events, "ops") if e["step"] >= 20]
-    assert all(e["ops"]["forward_backward"]["slowest_rank"] == 3 for e in late_ops)
+    late_ops = [e for e in of_type(events, "ops") if e["step"] >= 16]
     # every part of the step is timed: the model's modules with their TFLOP/s, the loop's
     # phases, and PaRO's collectives with their bytes, group, algorithm and bus bandwidth
     ops = late_ops[0]["ops"]
@@ -105,8 +100,8 @@ def test_spike_nan_and_slow_rank_on_a_2x2_run(tmp_path):
 
     # every step trained once, and the loss is finite again after the faults
     steps = of_type(events, "step")
-    assert sorted({s["step"] for s in steps}) == list(range(1, 25))
-    assert all(isinstance(s["loss"], float) for s in steps[-10:])
+    assert sorted({s["step"] for s in steps}) == list(range(1, 21))
+    assert all(isinstance(s["loss"], float) for s in steps[-8:])
     assert of_type(events, "state")[-1]["state"] == "completed"
 
 

@@ -1,0 +1,42 @@
+"""The processes of `make test`: it runs the suite in two (pytest-xdist, `--dist loadgroup`),
+since most of its time is spent waiting on engines, workers and pages, not computing.
+
+Each test file goes whole to one process, so its module fixtures (a world of spawned ranks,
+say) are made once; the files that build network namespaces, which belong to the whole
+machine, go to one process together. Each process keeps its own state: a test database
+(pytest-django's suffix), Redis databases (`worker_index`) and the platform's var folder
+(the SQLite file, the cache that holds the login and API throttles, the embedded Redis of
+`serve`), set here before Django reads its settings: this module is a plugin (`-p
+tests.workers` in pyproject.toml), loaded ahead of pytest-django.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+NAMESPACE_FILES = frozenset({
+    "tests/bench/test_cluster.py",
+    "tests/engine/runtime/test_launch_multi_node.py",
+    "tests/platform/hosts/test_cluster.py",
+    "tests/platform/jobs/test_multi_host.py",
+})
+
+
+def worker_index() -> int:
+    """0 in a run of one process, else this process's number."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["RINGSIDE_VAR_DIR"] = str(
+        Path(__file__).resolve().parents[1] / "var" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("namespaces" if path in NAMESPACE_FILES
+                                                else path))
