@@ -35,6 +35,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         Path(__file__).resolve().parents[1] / "var" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = item.nodeid.split("::")[0]
