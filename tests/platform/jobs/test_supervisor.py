@@ -1,5 +1,6 @@
 """jobs.supervisor: the engine's events move the job, and each move reaches the job's
-websocket group exactly once (the state-history row's push; the supervisor adds none)."""
+websocket group exactly once (the state-history row's push; the supervisor adds none); the
+fault policy's `exclude` drains the straggler's host and moves the job off it."""
 
 import asyncio
 
@@ -8,10 +9,15 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from engine.contract import parse_event
+from hosts.models import Host
 from jobs.commands import issue
+from jobs.membership import Peers
 from jobs.models import Cause, Job, State
+from jobs.placement import place
 from jobs.supervisor import Supervisor
 from monitor.ingest import job_group
+from tests.platform.jobs.test_placement import host
+from tests.platform.jobs.test_placement import job as placed_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,3 +75,23 @@ def test_a_refused_rollback_moves_the_job_back_to_running_with_one_message(start
     assert starting.state == State.RUNNING
     assert [(m["type"], m["from_state"], m["state"]) for m in received()
             if m["type"] == "job"] == [("job", "rolling_back", "running")]
+
+
+def test_the_policy_excluding_a_rank_drains_its_host_and_pauses_the_job_to_move_off_it(user):
+    for name in ("a", "b", "c"):
+        host(name, slots=2)
+    job = placed_job(user, hosts=2, min_hosts=1)
+    place(job)
+    job.refresh_from_db()
+    job.start(supervisor="test")
+    job.mark_running()
+    peers = Peers(job, job.incarnation, node_rank=0)
+    supervisor = Supervisor(job, proc=None, ingest=None, me="test", peers=peers)
+    supervisor.on_event(parse_event({"job": str(job.pk), "step": 40, "time": 1.0, "seq": 9,
+                                     "type": "action", "action": "exclude", "by": "policy",
+                                     "anomaly": "straggler", "rank": 2, "rung": 1}))
+    second = job.placement[1].host.name
+    assert Host.objects.get(name=second).drained  # ranks 2 and 3 run there
+    job.refresh_from_db()
+    assert job.state == State.PAUSING  # a cold pause, from whose checkpoint it moves
+    assert supervisor.regroup.startswith(f"host {second} drained: its rank 2 stayed")
