@@ -1,19 +1,20 @@
-"""The processes of `make test`: it runs the suite in two (pytest-xdist, `--dist loadgroup`),
-since most of its time is spent waiting on engines, workers and pages, not computing.
+"""The processes of `make test`: it runs the suite in two (pytest-xdist), since most of its time
+is spent waiting on engines, workers and pages, not computing.
 
-Each test file goes whole to one process, so its module fixtures (a world of spawned ranks,
-say) are made once; the files that build network namespaces, which belong to the whole
-machine, go to one process together. Each process keeps its own state: a test database
-(pytest-django's suffix), Redis databases (`worker_index`) and the platform's var folder
-(the SQLite file, the cache that holds the login and API throttles, the embedded Redis of
-`serve`), set here before Django reads its settings: this module is a plugin (`-p
-tests.workers` in pyproject.toml), loaded ahead of pytest-django.
+Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
+of spawned ranks, say) are made once; the files that build network namespaces, which belong
+to the whole machine, go to one process together, one after the other. Each process keeps its
+own state: a test database (pytest-django's suffix), Redis databases (`worker_index`) and the
+platform's var folder (the SQLite file, the cache that holds the login and API throttles, the
+embedded Redis of `serve`), set here before Django reads its settings: this module is a plugin
+(`-p tests.workers` in pyproject.toml), loaded ahead of pytest-django.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,9 +36,14 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         Path(__file__).resolve().parents[1] / "var" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("namespaces" if path in NAMESPACE_FILES
-                                                else path))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    # xdist's own loadgroup marks groups by rewriting a node id attribute that pytest 9 no
+    # longer reads, so the grouping is done here, in the scheduler
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "network namespaces" if path in NAMESPACE_FILES else path
+
+    return FileScheduling(config, log)
