@@ -22,6 +22,7 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
     platform_redis_url,
     service_env,
     session_worker_host_drained,
+    session_worker_host_hidden,
     small_spec,
     user,
     with_db,

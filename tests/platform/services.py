@@ -116,6 +116,16 @@ WORKER_STARTED: list[str] = []
 
 
 @pytest.fixture
+def session_worker_host_hidden():
+    """For a test in a transaction of its own that counts hosts (its own): the session
+    worker's host, if a test started it, deleted in the test's transaction, which is rolled
+    back after it (the worker's beat meanwhile waits on the row)."""
+    from hosts.models import Host
+
+    Host.objects.filter(name__in=WORKER_STARTED).delete()
+
+
+@pytest.fixture
 def session_worker_host_drained(eventually):
     """For a test that makes hosts of its own: the session worker's host (if a test started
     it) drained, so that placement sees only the test's hosts. A transactional test's flush

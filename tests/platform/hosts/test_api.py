@@ -14,7 +14,7 @@ from hosts import registry, status
 from hosts.models import Host
 from jobs.models import ApiToken, Job, Reservation
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("session_worker_host_hidden")]
 
 
 def host(name: str, slots: int = 4, beat_s_ago: float = 0, **fields) -> Host:

@@ -19,7 +19,7 @@ from hosts.models import Host
 from hosts.registry import HostInfo, HostNameTaken, HostTakenOver
 from hosts.signals import host_available
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("session_worker_host_hidden")]
 
 
 def info(name: str = "h1", **fields) -> HostInfo:

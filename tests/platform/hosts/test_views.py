@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("session_worker_host_hidden")]
 
 
 def test_the_hosts_page_is_linked_and_marks_staff(client, user, django_user_model):

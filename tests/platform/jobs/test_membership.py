@@ -27,7 +27,7 @@ from jobs.models import Cause, Job, State
 from jobs.placement import place
 from tests.platform.jobs.test_placement import host, job
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("session_worker_host_hidden")]
 
 
 @pytest.fixture

@@ -77,7 +77,8 @@ def test_a_refused_rollback_moves_the_job_back_to_running_with_one_message(start
             if m["type"] == "job"] == [("job", "rolling_back", "running")]
 
 
-def test_the_policy_excluding_a_rank_drains_its_host_and_pauses_the_job_to_move_off_it(user):
+def test_the_policy_excluding_a_rank_drains_its_host_and_pauses_the_job_to_move_off_it(
+        user, session_worker_host_drained):
     for name in ("a", "b", "c"):
         host(name, slots=2)
     job = placed_job(user, hosts=2, min_hosts=1)
