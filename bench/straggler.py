@@ -99,7 +99,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["rebalanced"], losses["clean"],
                                                       strict=True))
     return {"tokens_per_s": tokens_per_s, "measured_from_step": start,
-            "rebalances": [{"step": e["step"], "shares": e["details"]["shares"]}
+            "rebalances": [{"step": e["step"], "shares": e["shares"]}
                            for e in rebalances],
             "max_loss_rel_diff_vs_clean": worst}
 
