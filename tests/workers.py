@@ -1,5 +1,5 @@
-"""The processes of `make test`: it runs the suite in two (pytest-xdist), since most of its time
-is spent waiting on engines, workers and pages, not computing.
+"""The suite in two processes (`pytest -n 2`, pytest-xdist): most of its time is spent waiting
+on engines, workers and pages, not computing.
 
 Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
 of spawned ranks, say) are made once; the files that build network namespaces, which belong
