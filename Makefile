@@ -21,7 +21,7 @@ run: install
 
 test: install
 	@test -x /usr/bin/chromium || test -x /usr/bin/chromium-browser || $(BIN)/python -m playwright install chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 e2e: install
 	$(BIN)/python -m pytest tests/e2e

@@ -152,7 +152,11 @@ def roll_back_to_a_checkpoint_picked_on_the_chart(page: Page, output_dir: Path) 
     target = page.evaluate("""() => {
         const gd = document.getElementById('chart-loss');
         const trace = gd.data.find(t => t.name === 'checkpoints');
-        const i = trace.x.length - 2;  // the one before the newest: still kept (keep=10)
+        // the third newest step: kept (keep=10), and far enough back that the new branch
+        // takes ten steps or more to save again every step past it (a step saved again is
+        // listed once, on the live branch), so the abandoned ones are listed for a while
+        const steps = [...new Set(trace.x)].sort((a, b) => a - b);
+        const i = trace.x.indexOf(steps[Math.max(0, steps.length - 3)]);
         const { xaxis, yaxis, _size } = gd._fullLayout;
         const box = gd.querySelector('.nsewdrag').getBoundingClientRect();
         return { step: trace.x[i], x: box.left + xaxis.l2p(trace.x[i]),
