@@ -30,7 +30,7 @@ e2e: install
 # build an emulated cluster with network namespaces, so they need root.
 BENCHES := moe_layer moe_model collectives paro checkpoint timing_overhead \
            api_latency worker_loss ingest_rate ws_fanout step_to_browser host_loss multi_host \
-           straggler
+           straggler large_run
 
 bench: install
 	@mkdir -p bench/results

@@ -117,9 +117,23 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int) -> dict[str,
         "resumed_at_step": first.step, "membership_after_loss": shrink.data,
         "host_return_to_scale_up_s": round(regrown.data["time"] - due.data["time"], 2),
         "grown_at_step": regrown.step, "membership_after_return": grow.data,
+        "loss_timeline": _timeline(job, killed, first.data["time"]),
+        "return_timeline": _timeline(job, due.data["time"], regrown.data["time"]),
         "lost_or_duplicated_points": (len(set(range(1, steps + 1)) ^ set(stored))
                                       + len(stored) - len(set(stored))),
     }
+
+
+def _timeline(job: Any, start: float, end: float) -> list[tuple[float, str]]:
+    """Where the seconds from `start` to `end` went: the job's transitions and the engine's
+    state events in between, at their seconds after `start`."""
+    from jobs.models import JobEvent
+
+    marks = [(t.time.timestamp(), f"job {t.to_state}: {t.message}"[:100])
+             for t in JobEvent.objects.filter(job=job) if start <= t.time.timestamp() <= end]
+    marks += [(e.data["time"], f"engine {e.data['state']}")
+              for e in _events(job, "state", start) if e.data["time"] <= end]
+    return [(round(t - start, 2), what) for t, what in sorted(marks)]
 
 
 def _up_hosts() -> Any:

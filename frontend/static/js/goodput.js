@@ -3,9 +3,14 @@
 // events behind it. The ledger (monitor/goodput.py) comes with the socket's snapshot and again
 // after every stored batch of events and every state change; in between, the interval still
 // open (`open`: what the job is doing now) grows with the clock, as the server would count it,
-// so a reloaded page shows what a watching one shows.
+// so a reloaded page shows what a watching one shows. It is drawn at most once a second: a
+// fast job's batches arrive tens of times a second, and drawing the card for each of them
+// took a third of the page's main thread.
 import { CONFIG } from "./chartkit.js";
 import { duration, el } from "./format.js";
+import { Throttled } from "./throttle.js";
+
+const REDRAW_EVERY_MS = 1000;
 
 // one colour per cause, the same on every redraw: green for training, the losses apart
 const COLORS = {
@@ -22,14 +27,16 @@ export class Goodput {
     this.jobId = jobId;
     this.ledger = null;
     this.receivedAt = 0; // the browser's clock when the ledger arrived
-    setInterval(() => { if (this.ledger && !this.ledger.closed) this.draw(); }, 1000);
+    this.redraw = new Throttled(REDRAW_EVERY_MS, () => this.draw());
+    setInterval(() => { if (this.ledger && !this.ledger.closed) this.redraw.mark("card"); },
+                REDRAW_EVERY_MS);
   }
 
   show(ledger) {
     if (!ledger) return;
     this.ledger = ledger;
     this.receivedAt = Date.now() / 1000;
-    this.draw();
+    this.redraw.mark("card");
   }
 
   // The ledger as of now: the open cause and the wall clock grown by the time since it came.

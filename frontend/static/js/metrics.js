@@ -1,8 +1,8 @@
 // The step-metric charts of the job page: loss (with the server's min/max envelope, eval loss
 // and markers for anomalies, actions and checkpoints), tokens/s, grad norm, learning rate,
 // memory and the system metrics of each rank (CPU %, RSS; GPU memory and utilisation). Live
-// step events extend the traces (the loss chart in the next animation frame, the others at
-// most twice a second); a zoom on any of them refetches the window from the metrics
+// step events extend the traces (the loss chart at most ten times a second, the others at
+// most once a second); a zoom on any of them refetches the window from the metrics
 // endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
 // one-step spike still shows in the envelope.
 import { api } from "./api.js";
@@ -13,9 +13,11 @@ import { Throttled } from "./throttle.js";
 
 const MAX_POINTS = 1500; // per series, asked of the server; about one per pixel on a wide screen
 const REFETCH_AT = 2 * MAX_POINTS; // live points appended past this: ask for a downsampled copy
-// The loss chart takes each live step in the next animation frame; the others, at most twice
-// a second, so that drawing them does not hold back the loss chart's next step.
-const SECONDARY_REDRAW_MS = 500;
+// The loss chart takes live steps at most ten times a second (a fast job's steps, drawn in
+// every animation frame, kept the main thread busy); the others at most once a second, so
+// that drawing them does not hold back the loss chart's next step.
+const LOSS_REDRAW_MS = 100;
+const SECONDARY_REDRAW_MS = 1000;
 const MARKERS = {
   anomalies: { color: "#dc2626", symbol: "x", size: 11 },
   actions: { color: "#d97706", symbol: "triangle-up", size: 10 },
@@ -121,6 +123,7 @@ export class MetricCharts {
     this.appended = 0;
     this.frame = null;
     this.fetching = 0;
+    this.lossRedraw = new Throttled(LOSS_REDRAW_MS, (id) => this.draw(id));
     this.secondary = new Throttled(SECONDARY_REDRAW_MS, (id) => this.draw(id));
     this.prefs = bindPrefs((prefs) => {
       this.prefs = prefs;
@@ -297,8 +300,7 @@ export class MetricCharts {
     this.appended += events.length;
     for (const id of Object.keys(CHARTS)) {
       if (!this.namesOf(id).some((n) => touched.has(n))) continue;
-      if (id === "loss") this.draw(id);
-      else this.secondary.mark(id);
+      (id === "loss" ? this.lossRedraw : this.secondary).mark(id);
     }
     if (this.appended > REFETCH_AT) this.refetch();
   }
