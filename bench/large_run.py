@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from bench.platform_env import CHROMIUM_ARGS, PASSWORD, Platform, chromium_path
+from bench.platform_env import Platform, open_logged_in
 
 STEPS = 100_000
 RANKS = 2
@@ -224,16 +224,9 @@ def main() -> None:
         job = store_large_run(platform.user)  # before Playwright's loop runs in this thread
         stored = time.monotonic() - stored
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium_path(),
-                                                 args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1366, "height": 900})
-            page.goto(f"{base}/")
-            page.fill("input[name=username]", platform.user.username)
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button:has-text('Log in')")
-            page.wait_for_selector("h1:has-text('Jobs')")
+            page = open_logged_in(playwright, base, platform.user.username)
             figures = walk(page, base, job.pk, args.reloads)
-            browser.close()
+            page.context.browser.close()
 
     print(json.dumps({
         "benchmark": "large_run",

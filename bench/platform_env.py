@@ -58,6 +58,19 @@ def chromium_path() -> str | None:
     return None
 
 
+def open_logged_in(playwright: Any, base_url: str, username: str) -> Any:
+    """A laptop-sized page of a new headless Chromium, logged in to the platform at
+    `base_url` through its login form (its browser: `page.context.browser`)."""
+    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    page.goto(f"{base_url}/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button:has-text('Log in')")
+    page.wait_for_selector("h1:has-text('Jobs')")
+    return page
+
+
 class Platform:
     """Redis, the database and Django for one benchmark run (a context manager)."""
 

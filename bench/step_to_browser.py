@@ -21,14 +21,7 @@ import argparse
 import json
 import time
 
-from bench.platform_env import (
-    CHROMIUM_ARGS,
-    PASSWORD,
-    Platform,
-    chromium_path,
-    distribution,
-    engine_events,
-)
+from bench.platform_env import Platform, distribution, engine_events, open_logged_in
 
 TARGET_P50_MS = 100.0
 TARGET_P99_MS = 250.0
@@ -60,14 +53,7 @@ def main() -> None:
         base = platform.web()
         job = platform.job
         platform.ingest(job.pk)
-        browser = playwright.chromium.launch(executable_path=chromium_path(),
-                                             args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1366, "height": 900})
-        page.goto(f"{base}/")
-        page.fill("input[name=username]", platform.user.username)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button:has-text('Log in')")
-        page.wait_for_selector("h1:has-text('Jobs')")
+        page = open_logged_in(playwright, base, platform.user.username)
         page.goto(f"{base}/jobs/{job.pk}/")
         page.wait_for_function("document.getElementById('live').textContent === 'live'")
         page.wait_for_function("document.getElementById('chart-loss').on !== undefined")
@@ -93,7 +79,7 @@ def main() -> None:
             if all(step in drawn for step in published):
                 break
             page.wait_for_timeout(200)
-        browser.close()
+        page.context.browser.close()
 
     delays = distribution([drawn[s] - t for s, t in published.items() if s in drawn])
     print(json.dumps({
