@@ -42,6 +42,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,6 +114,21 @@ def node_ns(node: int) -> str:
 def address(node: int, local: int) -> str:
     """The address of rank (node, local)'s NIC; rail `local` is the subnet 10.213.<local>.0/24."""
     return f"10.213.{local}.{node + 1}"
+
+
+def _name_service(ns: str, names: dict[str, str]) -> None:
+    """What `ip netns exec` gives namespace `ns` for /etc/hosts and /etc/resolv.conf: the
+    machine's hosts file and the emulated hosts' `names` (address -> name), and no DNS server
+    but the namespace's own loopback (none listens: a lookup fails at once). The machine's
+    DNS server is out of the namespaces' reach, and torch's store looks up each peer's name:
+    each lookup waited for the resolver's timeout, seconds a rank, that real hosts, whose
+    names resolve, never wait."""
+    folder = Path("/etc/netns") / ns
+    folder.mkdir(parents=True, exist_ok=True)
+    own = Path("/etc/hosts").read_text()
+    listed = "".join(f"{address} {name}\n" for address, name in names.items())
+    (folder / "hosts").write_text(f"{own.rstrip()}\n# the emulated cluster\n{listed}")
+    (folder / "resolv.conf").write_text("nameserver 127.0.0.1\n")
 
 
 def _sh(*args: str) -> None:
@@ -195,6 +211,8 @@ def _create(spec: ClusterSpec) -> None:
         ns = node_ns(node)
         _sh("ip", "netns", "add", ns)
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _name_service(ns, {address(n, local): f"{node_ns(n)}-nic{local}"
+                           for n in range(spec.nodes) for local in range(spec.procs_per_node)})
         # cross-rail replies come back on another NIC than the request left by: loose
         # reverse-path filtering, and ARP that answers only for the NIC's own address
         _sysctl(
@@ -229,6 +247,7 @@ def down() -> None:
             except ProcessLookupError:
                 pass
         _sh("ip", "netns", "del", ns)
+        shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
     # a namespace is destroyed later, in the background, and its veths with it: delete the
     # hosts' root-side veths now, so that a cluster made next can take their names at once
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -403,6 +422,7 @@ def _create_host(spec: HostsSpec, host: int) -> None:
     ns, veth = host_ns(host), _root_veth(host)
     _sh("ip", "netns", "add", ns)
     _sh("ip", "-n", ns, "link", "set", "lo", "up")
+    _name_service(ns, {spec.address(h): host_ns(h) for h in range(max(spec.hosts, host + 1))})
     _sh("ip", "link", "add", veth, "mtu", str(spec.mtu), "type", "veth", "peer", "name", "eth0",
         "netns", ns, "mtu", str(spec.mtu))
     _sh("ip", "addr", "add", f"{spec.gateway(host)}/24", "dev", veth)

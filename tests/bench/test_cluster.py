@@ -113,6 +113,11 @@ ASK = ("import socket, sys; print(socket.create_connection((sys.argv[1], int(sys
        "timeout=3).recv(100).decode())")
 
 
+# the name of the address in argv[1], then the resolver's configuration
+NAME_OF = ("import socket, sys; print(socket.getnameinfo((sys.argv[1], 0), socket.NI_NAMEREQD)[0]);"
+           " print(open('/etc/resolv.conf').read())")
+
+
 def in_host(host: int, code: str, *args: str, **popen) -> subprocess.Popen:
     return subprocess.Popen(cluster.host_command(host, [sys.executable, "-c", code, *args]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
@@ -153,11 +158,17 @@ def test_hosts_reach_each_other_and_the_roots_loopback_services_through_the_root
         time.sleep(1.0)
         assert in_host(0, ASK, spec.address(1), "7777").communicate(timeout=30)[0].strip()
         server.wait(10)
+        # names: a peer's address is named by the cluster's hosts file, and the only DNS
+        # server a host asks is its own loopback (the machine's is out of its reach: waiting
+        # for it held torch's store seconds a lookup)
+        named = in_host(0, NAME_OF, spec.address(1)).communicate(timeout=30)[0].split()
+        assert named == [cluster.host_ns(1), "nameserver", "127.0.0.1"]
         # forwarding is on for the hosts' veths only
         assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forwarding
     finally:
         service.kill()
         cluster.down()
     assert cluster.namespaces() == [] and cluster.current_hosts() is None
+    assert not list(Path("/etc/netns").glob("rstest-*"))
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert "rstest-h" not in links
