@@ -228,8 +228,8 @@ class Supervisor:
             else:
                 policy.auto_pause(self.job, event)
         elif isinstance(event, contract.CheckpointEvent):
-            if self.regroup and event.tier == "disk" and self.job.state == State.RUNNING:
-                self.pause_to_regroup()
+            if event.tier == "disk" and self.job.state == State.RUNNING:
+                self.regroup_at_checkpoint()
         elif isinstance(event, contract.ProposalEvent):
             proposals.on_event(self.job, event)
         elif isinstance(event, contract.AnomalyEvent):
@@ -244,6 +244,15 @@ class Supervisor:
         self.job.refresh_from_db(fields=["state"])
         if reason and self.job.state == State.RUNNING:
             self.regroup = reason
+            self.pause_to_regroup()
+
+    def regroup_at_checkpoint(self) -> None:
+        """A disk checkpoint was written: move now if the job should (looked at again here, not
+        only at the peers' beat: a host that came back a moment ago must not wait for the
+        checkpoint after this one)."""
+        if self.peers is not None:
+            self.regroup = self.regroup or regroup_reason(self.job, self.peers.incarnation)
+        if self.regroup:
             self.pause_to_regroup()
 
     def pause_to_regroup(self) -> None:

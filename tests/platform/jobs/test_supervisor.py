@@ -1,6 +1,7 @@
 """jobs.supervisor: the engine's events move the job, and each move reaches the job's
 websocket group exactly once (the state-history row's push; the supervisor adds none); the
-fault policy's `exclude` drains the straggler's host and moves the job off it."""
+fault policy's `exclude` drains the straggler's host and moves the job off it; a job on
+fewer hosts than it asked for moves at the first disk checkpoint after a host came back."""
 
 import asyncio
 
@@ -96,3 +97,32 @@ def test_the_policy_excluding_a_rank_drains_its_host_and_pauses_the_job_to_move_
     job.refresh_from_db()
     assert job.state == State.PAUSING  # a cold pause, from whose checkpoint it moves
     assert supervisor.regroup.startswith(f"host {second} drained: its rank 2 stayed")
+
+
+def test_a_job_short_of_hosts_pauses_to_scale_up_at_the_first_disk_checkpoint_after_a_host_returns(
+        user, session_worker_host_drained):
+    host("a", slots=2)
+    job = placed_job(user, hosts=2, min_hosts=1)
+    Job.objects.filter(pk=job.pk).update(incarnation=1)  # it ran before, then lost a host
+    job.refresh_from_db()
+    place(job)  # on the one host up: short of one
+    job.refresh_from_db()
+    assert [r.host.name for r in job.placement] == ["a"]
+    job.start(supervisor="test")
+    job.mark_running()
+    supervisor = Supervisor(job, proc=None, ingest=None, me="test",
+                            peers=Peers(job, job.incarnation, node_rank=0))
+    checkpoint = {"job": str(job.pk), "time": 1.0, "type": "checkpoint", "path": "/c",
+                  "blocking_s": 0.1, "size_bytes": 1, "strategy": "NNN", "world_size": 2}
+    supervisor.on_event(parse_event({**checkpoint, "step": 10, "seq": 5, "tier": "disk"}))
+    job.refresh_from_db()
+    assert job.state == State.RUNNING and supervisor.regroup == ""  # nowhere to grow
+
+    host("b", slots=2)  # back, before the supervisor looked at its peers again
+    supervisor.on_event(parse_event({**checkpoint, "step": 15, "seq": 6, "tier": "memory"}))
+    job.refresh_from_db()
+    assert job.state == State.RUNNING  # a memory checkpoint is this host's alone
+    supervisor.on_event(parse_event({**checkpoint, "step": 20, "seq": 7, "tier": "disk"}))
+    job.refresh_from_db()
+    assert job.state == State.PAUSING
+    assert supervisor.regroup == "scaling back up from 1 to 2 hosts"
