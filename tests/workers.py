@@ -3,11 +3,15 @@ on engines, workers and pages, not computing.
 
 Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
 of spawned ranks, say) are made once; the files that build network namespaces, which belong
-to the whole machine, go to one process together, one after the other. Each process keeps its
-own state: a test database (pytest-django's suffix), Redis databases (`worker_index`) and the
-platform's var folder (the SQLite file, the cache that holds the login and API throttles, the
-embedded Redis of `serve`), set here before Django reads its settings: this module is a plugin
-(`-p tests.workers` in pyproject.toml), loaded ahead of pytest-django.
+to the whole machine, go to one process together, one after the other. The browser tests go
+out first: each takes up to minutes, and one of them sent last (xdist sends the files with
+the most tests first) kept one process busy for minutes while the other had nothing left.
+
+Each process keeps its own state: a test database (pytest-django's suffix), Redis databases
+(`worker_index`) and the platform's var folder (the SQLite file, the cache that holds the
+login and API throttles, the embedded Redis of `serve`), set here before Django reads its
+settings: this module is a plugin (`-p tests.workers` in pyproject.toml), loaded ahead of
+pytest-django.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         Path(__file__).resolve().parents[1] / "var" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-django's order, which it keeps otherwise
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/e2e/"))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # xdist's own loadgroup marks groups by rewriting a node id attribute that pytest 9 no
     # longer reads, so the grouping is done here, in the scheduler
@@ -46,4 +56,5 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             path = nodeid.split("::")[0]
             return "network namespaces" if path in NAMESPACE_FILES else path
 
+    config.option.loadscopereorder = False  # the files in the order the processes collect them
     return FileScheduling(config, log)
