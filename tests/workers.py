@@ -3,9 +3,11 @@ on engines, workers and pages, not computing.
 
 Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
 of spawned ranks, say) are made once; the files that build network namespaces, which belong
-to the whole machine, go to one process together, one after the other. The browser tests go
-out first: each takes up to minutes, and one of them sent last (xdist sends the files with
-the most tests first) kept one process busy for minutes while the other had nothing left.
+to the whole machine, go to one process together, one after the other. So do the browser
+tests, sent first: each takes up to minutes (a page and an engine), so one of them sent last
+(xdist sends the files with the most tests first) kept one process busy for minutes while
+the other had nothing left, and two at once (a browser and an engine in each process) took
+half as long again as one after the other.
 
 Each process keeps its own state: a test database (pytest-django's suffix), Redis databases
 (`worker_index`) and the platform's var folder (the SQLite file, the cache that holds the
@@ -28,6 +30,7 @@ NAMESPACE_FILES = frozenset({
     "tests/platform/hosts/test_cluster.py",
     "tests/platform/jobs/test_multi_host.py",
 })
+BROWSER_FOLDER = "tests/e2e/"
 
 
 def worker_index() -> int:
@@ -43,7 +46,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 @pytest.hookimpl(trylast=True)  # after pytest-django's order, which it keeps otherwise
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if "PYTEST_XDIST_WORKER" in os.environ:
-        items.sort(key=lambda item: not item.nodeid.startswith("tests/e2e/"))
+        items.sort(key=lambda item: not item.nodeid.startswith(BROWSER_FOLDER))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -54,6 +57,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
+            if path.startswith(BROWSER_FOLDER):
+                return "browser"
             return "network namespaces" if path in NAMESPACE_FILES else path
 
     config.option.loadscopereorder = False  # the files in the order the processes collect them

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -115,28 +116,32 @@ WORKER_HOST = f"test-{os.getpid()}"
 WORKER_STARTED: list[str] = []
 
 
-@pytest.fixture
-def session_worker_host_hidden():
-    """For a test in a transaction of its own that counts hosts (its own): the session
-    worker's host, if a test started it, deleted in the test's transaction, which is rolled
-    back after it (the worker's beat meanwhile waits on the row)."""
-    from hosts.models import Host
-
-    Host.objects.filter(name__in=WORKER_STARTED).delete()
-
-
-@pytest.fixture
-def session_worker_host_drained(eventually):
-    """For a test that makes hosts of its own: the session worker's host (if a test started
-    it) drained, so that placement sees only the test's hosts. A transactional test's flush
-    removed its row, which its next beat (within a second) puts back: waited for first."""
+def _session_worker_hosts() -> Any:
+    """The session worker's host rows (none if no test started it). A transactional test's
+    flush removes its row, which its next beat (within a second) puts back: waited for, so
+    that a fixture acting on the rows does not miss one inserted a moment later."""
     from hosts.models import Host
 
     for name in WORKER_STARTED:
         deadline = time.monotonic() + 3
         while not Host.objects.filter(name=name).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        Host.objects.filter(name=name).update(drained=True)
+    return Host.objects.filter(name__in=WORKER_STARTED)
+
+
+@pytest.fixture
+def session_worker_host_hidden():
+    """For a test in a transaction of its own that counts hosts (its own): the session
+    worker's host deleted in the test's transaction, which is rolled back after it (the
+    worker's beat meanwhile waits on the row)."""
+    _session_worker_hosts().delete()
+
+
+@pytest.fixture
+def session_worker_host_drained(eventually):
+    """For a test that makes hosts of its own: the session worker's host drained, so that
+    placement sees only the test's hosts."""
+    _session_worker_hosts().update(drained=True)
 
 
 @pytest.fixture(scope="session")
