@@ -3,17 +3,11 @@ on engines, workers and pages, not computing.
 
 Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
 of spawned ranks, say) are made once; the files that build network namespaces, which belong
-to the whole machine, go to one process together, one after the other. So do the browser
-tests, sent first: each takes up to minutes (a page and an engine), so one of them sent last
-(xdist sends the files with the most tests first) kept one process busy for minutes while
-the other had nothing left, and two at once (a browser and an engine in each process) took
-half as long again as one after the other.
-
-Each process keeps its own state: a test database (pytest-django's suffix), Redis databases
-(`worker_index`) and the platform's var folder (the SQLite file, the cache that holds the
-login and API throttles, the embedded Redis of `serve`), set here before Django reads its
-settings: this module is a plugin (`-p tests.workers` in pyproject.toml), loaded ahead of
-pytest-django.
+to the whole machine, go to one process together, one after the other. Each process keeps its
+own state: a test database (pytest-django's suffix), Redis databases (`worker_index`) and the
+platform's var folder (the SQLite file, the cache that holds the login and API throttles, the
+embedded Redis of `serve`), set here before Django reads its settings: this module is a plugin
+(`-p tests.workers` in pyproject.toml), loaded ahead of pytest-django.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ NAMESPACE_FILES = frozenset({
     "tests/platform/hosts/test_cluster.py",
     "tests/platform/jobs/test_multi_host.py",
 })
-BROWSER_FOLDER = "tests/e2e/"
 
 
 def worker_index() -> int:
@@ -43,12 +36,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         Path(__file__).resolve().parents[1] / "var" / f"test-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-django's order, which it keeps otherwise
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        items.sort(key=lambda item: not item.nodeid.startswith(BROWSER_FOLDER))
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # xdist's own loadgroup marks groups by rewriting a node id attribute that pytest 9 no
     # longer reads, so the grouping is done here, in the scheduler
@@ -57,9 +44,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            if path.startswith(BROWSER_FOLDER):
-                return "browser"
             return "network namespaces" if path in NAMESPACE_FILES else path
 
-    config.option.loadscopereorder = False  # the files in the order the processes collect them
     return FileScheduling(config, log)
