@@ -2,7 +2,6 @@
 when the straggler recovers, obey a person's rebalance, and resume with the checkpoint; on a
 real 2x2 run a slow rank is rebalanced and the losses stay those of the clean run."""
 
-
 import pytest
 import torch
 
