@@ -7,3 +7,12 @@
 # step 0 when it keeps no checkpoint) and then pause it for a person, which is right for a
 # user's job and beside the point of these tests.
 OBSERVE_STRAGGLERS = {"policy": {"actions": {"straggler": ["observe"]}}}
+
+
+def paced(ranks: int, factor: float = 30.0) -> dict:
+    """OBSERVE_STRAGGLERS for a job that only has to keep running while a test steers it:
+    every rank's forward is stretched `factor` times from the first step, asleep (evenly:
+    no rank is a straggler), so the ranks leave the cores to the browser and the other tests."""
+    return {**OBSERVE_STRAGGLERS, "inject": [
+        {"kind": "slow_rank", "step": 1, "rank": rank, "factor": factor}
+        for rank in range(ranks)]}

@@ -8,13 +8,14 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.e2e.session import open_running_job
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_set_the_learning_rate_of_a_running_job_from_its_page(
         page: Page, live_server_url, celery_worker, user, output_dir):
-    open_running_job(page, live_server_url, user, "set-e2e", steps=2000)
+    open_running_job(page, live_server_url, user, "set-e2e", steps=2000, faults=paced(2))
 
     page.click("#set")
     page.locator("#set-key").select_option("train.lr")
