@@ -9,7 +9,7 @@
 OBSERVE_STRAGGLERS = {"policy": {"actions": {"straggler": ["observe"]}}}
 
 
-def paced(ranks: int, factor: float = 30.0) -> dict:
+def paced(ranks: int, factor: float = 10.0) -> dict:
     """OBSERVE_STRAGGLERS for a job that only has to keep running while a test steers it:
     every rank's forward is stretched `factor` times from the first step, asleep (evenly:
     no rank is a straggler), so the ranks leave the cores to the browser and the other tests."""

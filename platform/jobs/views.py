@@ -19,7 +19,8 @@ from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
 from jobs.models import State
 from jobs.permissions import visible_jobs
 
-FORM_PRESETS = ("tiny", "small")
+# the launch form's presets, its default first (nano: a smoke test of the platform in seconds)
+FORM_PRESETS = ("tiny", "small", "nano")
 
 
 def job_list(request: HttpRequest) -> HttpResponse:

@@ -1,4 +1,4 @@
-"""A person launches a 2x2 `tiny` job from the form with an injected loss spike and a slow
+"""A person launches a 2x2 `nano` job from the form with an injected loss spike and a slow
 rank, watches the dashboard explain both, and steers the run from its page: checkpoint,
 rollback to a checkpoint picked on the loss chart, pause, resume, reshard onto another
 strategy, rebalance the ranks' shares of the batch, cancel. Every control's result appears on
@@ -20,6 +20,11 @@ from tests.e2e.session import ENGINE_START_MS
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SPIKE_STEP, SLOW_RANK, SLOW_FROM = 12, 3, 14
+# every rank's forward is stretched PACE times, asleep, from the first step (the job steps
+# about as fast as `tiny` computes, and leaves the cores to the browser and the other tests);
+# the slow rank's 4x more from SLOW_FROM on. The stretch follows the measured forward, which a
+# busy machine slows too: 20 x 4 took 5 s and more a step on it
+PACE = 5
 
 
 def log_in(page: Page, url: str) -> None:
@@ -34,7 +39,7 @@ def fill_launch_form(page: Page) -> None:
     form = page.locator("#launch")
     plan = page.locator("#launch-plan")
     form.locator("input[name=name]").fill("steer-e2e")
-    form.locator("select[name='model.preset']").select_option("tiny")
+    form.locator("select[name='model.preset']").select_option("nano")
     form.locator("input[name='parallel.nodes']").fill("2")
     form.locator("input[name='parallel.procs_per_node']").fill("2")
     # the planner follows the layout: ten strategies for 2x2, one picked into the form
@@ -42,14 +47,15 @@ def fill_launch_form(page: Page) -> None:
     expect(plan.locator("tr[data-strategy]")).to_have_count(10)
     plan.locator("tr[data-strategy=NNG]").click()
     expect(form.locator("select[name='parallel.strategy']")).to_have_value("NNG")
-    fields = {"train.steps": "400", "train.micro_batch": "2", "train.seq_len": "64",
+    fields = {"train.steps": "2000", "train.micro_batch": "2", "train.seq_len": "64",
               "train.warmup": "5", "train.eval_every": "0", "train.threads": "1",
               "checkpoint.every": "5", "checkpoint.keep": "10",
               "faults.policy.actions.straggler": "observe"}
     for name, value in fields.items():
         form.locator(f"[name='{name}']").fill(value)
-    for kind, step, rank, factor in (("loss_spike", SPIKE_STEP, 1, 10),
-                                     ("slow_rank", SLOW_FROM, SLOW_RANK, 4)):
+    paced = [("slow_rank", 1, rank, PACE) for rank in range(4)]
+    for kind, step, rank, factor in (*paced, ("loss_spike", SPIKE_STEP, 1, 10),
+                                     ("slow_rank", SLOW_FROM, SLOW_RANK, 4 * PACE)):
         page.click("#add-fault")
         row = page.locator("#inject-rows .inject-row").last
         row.locator("[data-field=kind]").select_option(kind)

@@ -19,8 +19,8 @@ def embedded_clone(html: bytes) -> dict:
 
 
 def test_the_clone_form_embeds_the_spec_and_the_model_fields_apart_from_the_preset(client, user):
-    # nano is not one of the form's presets: the clone's form offers it anyway
-    spec = parse_spec({"name": "mine", "model": {"preset": "nano", "num_hidden_layers": 3},
+    # ling-lite is not one of the form's presets: the clone's form offers it anyway
+    spec = parse_spec({"name": "mine", "model": {"preset": "ling-lite", "num_hidden_layers": 3},
                        "train": {"steps": 9}}).to_dict()
     job = Job.objects.create(name="mine", owner=user, spec=spec)
     client.force_login(user)
@@ -28,9 +28,9 @@ def test_the_clone_form_embeds_the_spec_and_the_model_fields_apart_from_the_pres
     assert page.status_code == 200
     # the spec as it was, under the next free name
     assert embedded_clone(page.content) == {"id": job.pk, "spec": {**spec, "name": "mine-2"},
-                                            "preset": "nano",
+                                            "preset": "ling-lite",
                                             "model_overrides": {"num_hidden_layers": 3}}
-    assert b'<option value="nano">' in page.content
+    assert b'<option value="ling-lite">' in page.content
 
 
 def test_cloning_another_users_job_or_no_job_is_404(client, user, other_user, small_spec):
