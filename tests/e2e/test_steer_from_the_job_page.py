@@ -16,6 +16,7 @@ from playwright.sync_api import Page, expect
 
 from jobs.models import Command
 from tests.e2e.session import ENGINE_START_MS
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,15 +54,15 @@ def fill_launch_form(page: Page) -> None:
               "faults.policy.actions.straggler": "observe"}
     for name, value in fields.items():
         form.locator(f"[name='{name}']").fill(value)
-    paced = [("slow_rank", 1, rank, PACE) for rank in range(4)]
-    for kind, step, rank, factor in (*paced, ("loss_spike", SPIKE_STEP, 1, 10),
-                                     ("slow_rank", SLOW_FROM, SLOW_RANK, 4 * PACE)):
+    for fault in (*paced(4, PACE)["inject"],
+                  {"kind": "loss_spike", "step": SPIKE_STEP, "rank": 1, "factor": 10},
+                  {"kind": "slow_rank", "step": SLOW_FROM, "rank": SLOW_RANK,
+                   "factor": 4 * PACE}):
         page.click("#add-fault")
         row = page.locator("#inject-rows .inject-row").last
-        row.locator("[data-field=kind]").select_option(kind)
-        row.locator("[data-field=step]").fill(str(step))
-        row.locator("[data-field=rank]").fill(str(rank))
-        row.locator("[data-field=factor]").fill(str(factor))
+        row.locator("[data-field=kind]").select_option(fault["kind"])
+        for field in ("step", "rank", "factor"):
+            row.locator(f"[data-field={field}]").fill(str(fault[field]))
 
 
 def command_result(page: Page, kind: str):

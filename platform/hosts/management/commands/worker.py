@@ -35,7 +35,7 @@ class Command(BaseCommand):
 
         # The pool processes fork from this one, and a pool of connections would go with
         # them: a process forked after a beat took that beat's pooled connection (the same
-        # socket) and hung at its first query (1 fork in 400 measured). A worker's processes
+        # socket) and hung at its first query (1 fork in 200-400 measured). A worker's processes
         # open connections of their own instead.
         for database in settings.DATABASES.values():
             database.get("OPTIONS", {}).pop("pool", None)
