@@ -16,6 +16,7 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
     _platform_settings,
     api,
     celery_worker,
+    django_db_modify_db_settings,
     eventually,
     live_server_url,
     other_user,

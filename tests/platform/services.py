@@ -85,6 +85,28 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     yield {"redis_url": platform_redis_url, "runs": runs, "queue": queue}
 
 
+# This process's PostgreSQL sessions look for a deadlock only after this long; the services'
+# (worker, web server) after PostgreSQL's default second. A transactional test's flush
+# (TRUNCATE of every table, locked one after another) can deadlock with a query a service
+# still runs for the test just ended (a scheduling pass it asked for); the session that
+# waited longest finds the deadlock and is the one aborted, which was the flush (its test
+# then errored, and the next one found the last one's rows). Now it is the service's query.
+FLUSH_DEADLOCK_TIMEOUT = "5s"
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """pytest-django's hook on the test database's settings: this process's sessions are
+    never a deadlock's victim while a service's can be (setting deadlock_timeout needs a
+    superuser, or PostgreSQL 15's GRANT SET ON PARAMETER)."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] == "django.db.backends.postgresql":
+        database.setdefault("OPTIONS", {})["options"] = (
+            f"-c deadlock_timeout={FLUSH_DEADLOCK_TIMEOUT}")
+
+
 def _database_url(settings_dict: dict) -> str:
     if settings_dict["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{settings_dict['NAME']}"
