@@ -92,8 +92,11 @@ def expected_seconds(job: Job) -> dict[str, float]:
             continue
         interval = e["time"] - boundary_before(i)
         if e.get("eval_loss") is not None:
-            seconds["eval"] += interval - e["step_time"]
-            interval = e["step_time"]
+            # never below nothing: `step_time` is the slowest rank's, which may have started
+            # its step before rank 0 published the boundary (a busy machine)
+            evaluation = max(0.0, interval - e["step_time"])
+            seconds["eval"] += evaluation
+            interval -= evaluation
         if e["step"] <= highest:
             ops = next(o for o in events[i:] if o["type"] == "ops")
             seconds["retrained"] += interval - wait_s(ops)
