@@ -1,6 +1,6 @@
 """The suite in two processes (`pytest -n 2`, pytest-xdist), one waiting on an engine, a
 worker or a page while the other computes (on two cores both mostly compute: measured, two
-processes take about as long as one, 13-14 minutes).
+processes take about as long as one; the README gives the times).
 
 Each test file goes whole to one process (`FileScheduling`), so its module fixtures (a world
 of spawned ranks, say) are made once; the files that build network namespaces, which belong
