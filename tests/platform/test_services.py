@@ -18,6 +18,7 @@ def test_a_flush_outlives_a_deadlock_with_a_services_query(eventually):
     service's session reads them in the other order: the service's query is the one aborted."""
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE flush_a (x int); CREATE TABLE flush_b (x int)")
+    url = _database_url(connection.settings_dict)  # a service's: PostgreSQL's own settings
     outcome: dict[str, str] = {}
 
     def flush() -> None:  # a thread of this process: a connection of its own, same settings
@@ -32,19 +33,18 @@ def test_a_flush_outlives_a_deadlock_with_a_services_query(eventually):
 
     def flush_waits() -> bool:
         """Whether the flush holds flush_a and waits for flush_b."""
-        with psycopg.connect(_database_url(connection.settings_dict), autocommit=True) as peek:
+        with psycopg.connect(url, autocommit=True) as peek:
             waiting = peek.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND datname = current_database() AND query LIKE 'TRUNCATE flush_a%'")
             return waiting.fetchone()[0] == 1
 
     try:
-        with psycopg.connect(_database_url(connection.settings_dict)) as service:
+        with psycopg.connect(url) as service:
             service.execute("SELECT * FROM flush_b")  # its transaction holds flush_b
             flushing = threading.Thread(target=flush)
             flushing.start()
-            eventually(flush_waits, 30,
-                       "the flush did not come to wait for flush_b")
+            eventually(flush_waits, 30, "the flush did not come to wait for flush_b")
             with pytest.raises(psycopg.errors.DeadlockDetected):
                 service.execute("SELECT * FROM flush_a")
             service.rollback()
