@@ -2,17 +2,18 @@
 PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $$p && break; done)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml bench/references.txt | cksum | cut -d' ' -f1)
 
 .PHONY: install run test bench e2e lint clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml bench/references.txt
 	@test -n "$(PYTHON)" || { echo "Ringside needs Python 3.11 or newer on PATH" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps -r bench/references.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -1,15 +1,24 @@
-"""MoE layer forward+backward: ours vs transformers' DeepseekV3MoE (moe.md section 7).
+"""MoE layer forward+backward: ours vs torchtitan's and transformers' layers (moe.md section 7).
 
-Same shapes, same weights (copied), outputs and gradients checked equal before timing (to
-1e-6 in fp32; in bf16 to a relative error of 1e-2, what bf16 rounding leaves of two orders of
-summation). CPU, fp32, 2 threads by default, or a GPU in bf16 with `--device cuda`; the
-implementations are timed round-robin (bench/side_by_side.py); median over the rounds
-(minimum listed too).
-Also reports our layer's achieved GFLOP/s as a fraction of one dense `torch.mm` with the
-same FLOPs, and HF eager's time over that matmul's: the largest speedup over eager that any
-implementation of the layer's FLOPs could reach at that shape. Prints one JSON document.
+Same shapes, same weights (copied), outputs and gradients checked against ours before timing:
+transformers' DeepseekV3MoE (its `eager` loop and `grouped_mm` experts) to 1e-6 in fp32, or to
+a relative error of 1e-2 in bf16 (what bf16 rounding leaves of two orders of summation);
+torchtitan's MoE always to 1e-2, as it runs its experts in bf16 whatever the input's dtype.
+Also timed: one dense `torch.mm` with the layer's FLOPs, the limit a MoE layer's grouped
+matmuls approach. The implementations take turns, one call each per round
+(bench/side_by_side.py); median over the rounds (minimum listed too).
+
+Two settings:
+- by default the CPU shapes (fp32, 2 threads; `--device cuda` runs them in bf16): the tiny
+  preset's layer and larger ones of the Ling family, at a few thousand tokens;
+- `--shape ling-mini-2.0 --shape ling-flash-2.0` those models' MoE layers (hidden 2048 or
+  4096, 256 experts, top-8, expert width 512 or 1024, one shared expert) at `--tokens`
+  8192,16384,32768 per call: a GPU's setting (`--device cuda`); any preset's layer is taken.
+
+Prints one JSON document.
 
     .venv/bin/python -m bench.moe_layer [--rounds N] [--quick] [--device cuda]
+        [--shape ling-mini-2.0 ...] [--tokens 8192,16384,32768]
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ from bench.side_by_side import (  # noqa: E402
     on_target,
     target_from_args,
     time_round_robin,
+    write_profile,
 )
-from engine.moe import preset  # noqa: E402
+from bench.titan_reference import titan_layer_like  # noqa: E402
+from engine.moe import PRESETS, MoEConfig, cast_parameters, preset  # noqa: E402
 from engine.moe.model import MoE  # noqa: E402
 
 # name, hidden, experts, top-k, expert width, groups, kept groups, tokens. The ratios are taken
@@ -52,22 +63,35 @@ SHAPES = [
 OTHER_SHAPES = [
     ("coarse_d384_e32", 384, 32, 2, 128, 4, 2, 4096),
 ]
+PRODUCTION_TOKENS = (8192, 16384, 32768)
+HEADLINE_TOKENS = 16384  # where the production ratios are taken
 HF_IMPLS = ("eager", "grouped_mm")
+BF16_RELATIVE = 1e-2
 
 
-def build(shape, target: Target):
+def shape_config(shape: tuple) -> MoEConfig:
     _, d, e, k, f, groups, kept, _ = shape
-    config = preset("tiny").replace(
+    return preset("tiny").replace(
         hidden_size=d, num_experts=e, num_experts_per_tok=k, moe_intermediate_size=f,
         n_group=groups, topk_group=kept, num_shared_experts=1,
     )
+
+
+def build(config: MoEConfig, target: Target) -> tuple[MoE, MoE, dict]:
+    """Ours, torchtitan's and transformers' layers on the target, with ours's weights: built
+    there and cast at once (a flash-sized layer is 3.2B parameters)."""
     torch.manual_seed(0)
-    ours = MoE(config)
-    with torch.no_grad():
-        for p in ours.parameters():
-            p.normal_(0.0, 0.02)
-    hf = {impl: on_target(hf_layer_like(ours, impl), target) for impl in HF_IMPLS}
-    return on_target(ours, target), hf
+    with torch.device(target.device):
+        ours = MoE(config)
+        with torch.no_grad():
+            for p in ours.parameters():
+                p.normal_(0.0, config.initializer_range)
+        cast_parameters(ours, target.dtype)
+        titan = on_target(titan_layer_like(ours), target)
+        # one module for both of transformers' implementations: it reads its config's
+        # `_experts_implementation` at each call
+        hf = on_target(hf_layer_like(ours, HF_IMPLS[0]), target)
+    return ours, titan, hf
 
 
 def step(layer, x, grad):
@@ -81,10 +105,22 @@ def step(layer, x, grad):
     return out.detach(), x.grad
 
 
-def layer_flops(shape) -> float:
-    _, d, e, k, f, _, _, tokens = shape
-    router, routed, shared = 2 * tokens * d * e, 6 * tokens * k * d * f, 6 * tokens * d * f
-    forward = router + routed + shared
+def implementations(ours, titan, hf, x, grad) -> dict:
+    def hf_step(impl: str):
+        def call():
+            hf.experts.config._experts_implementation = impl
+            return step(hf, x, grad)
+        return call
+
+    return {"ours": lambda: step(ours, x, grad), "torchtitan": lambda: step(titan, x, grad),
+            **{f"hf_{impl}": hf_step(impl) for impl in HF_IMPLS}}
+
+
+def layer_flops(config: MoEConfig, tokens: int) -> float:
+    c = config
+    d, e, k, f = c.hidden_size, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size
+    router, routed = 2 * tokens * d * e, 6 * tokens * k * d * f
+    forward = router + routed + 6 * tokens * d * f * c.num_shared_experts
     return 3.0 * forward  # backward is twice the forward
 
 
@@ -92,50 +128,64 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
-def bench_shape(shape, rounds: int, target: Target) -> dict:
-    name, d, *_, tokens = shape
-    ours, hf = build(shape, target)
-    g = torch.Generator().manual_seed(1)
-    x, grad = (torch.randn(1, tokens, d, generator=g).to(target.device, target.dtype)
-               for _ in range(2))
-
-    reference_out, reference_dx = step(ours, x, grad)
+def check_against_ours(fns: dict, target: Target) -> tuple[dict, dict]:
+    """Each implementation's largest absolute and relative difference from ours (output and
+    input gradient); raises where one is beyond its tolerance."""
+    reference_out, reference_dx = fns["ours"]()
     max_diff, relative = {}, {}
-    for impl, layer in hf.items():
-        out, dx = step(layer, x, grad)
-        max_diff[impl] = max((out - reference_out).abs().max().item(),
+    for name, fn in fns.items():
+        if name == "ours":
+            continue
+        out, dx = fn()
+        max_diff[name] = max((out - reference_out).abs().max().item(),
                              (dx - reference_dx).abs().max().item())
-        relative[impl] = max(relative_error(out, reference_out), relative_error(dx, reference_dx))
-        if target.dtype == torch.float32:
+        relative[name] = max(relative_error(out, reference_out), relative_error(dx, reference_dx))
+        if target.dtype == torch.float32 and name != "torchtitan":
             torch.testing.assert_close(out, reference_out, atol=1e-6, rtol=1e-5)
             torch.testing.assert_close(dx, reference_dx, atol=1e-6, rtol=1e-5)
         else:
-            assert relative[impl] <= 1e-2, f"{impl}: relative error {relative[impl]:.2e} > 1e-2"
+            assert relative[name] <= BF16_RELATIVE, (
+                f"{name}: relative error {relative[name]:.2e} > {BF16_RELATIVE}")
+    return max_diff, relative
 
-    flops = layer_flops(shape)
+
+def bench_shape(name: str, config: MoEConfig, tokens: int, rounds: int, target: Target,
+                profile_dir: Path | None = None) -> dict:
+    d = config.hidden_size
+    ours, titan, hf = build(config, target)
+    g = torch.Generator().manual_seed(1)
+    x, grad = (torch.randn(1, tokens, d, generator=g).to(target.device, target.dtype)
+               for _ in range(2))
+    fns = implementations(ours, titan, hf, x, grad)
+    max_diff, relative = check_against_ours(fns, target)
+
+    flops = layer_flops(config, tokens)
     dense_n = max(64, round(flops / (2 * tokens * d) / 64) * 64)
     a = torch.randn(tokens, d, device=target.device, dtype=target.dtype)
     b = torch.randn(d, dense_n, device=target.device, dtype=target.dtype)
-    fns = {"ours": lambda: step(ours, x, grad)}
-    for impl, layer in hf.items():
-        fns[f"hf_{impl}"] = lambda layer=layer: step(layer, x, grad)
     fns["dense_mm"] = lambda: torch.mm(a, b)
     time_round_robin(fns, 2, target)  # warm-up
     times = time_round_robin(fns, rounds, target)
+    if profile_dir is not None:
+        write_profile(fns["ours"], target, profile_dir / f"moe_layer_{name}@{tokens}.txt")
     ms = {name: statistics.median(t) for name, t in times.items()}
     ours_gflops = flops / ms["ours"] / 1e6
     dense_gflops = 2 * tokens * d * dense_n / ms["dense_mm"] / 1e6
     hf_best = min(ms[f"hf_{impl}"] for impl in HF_IMPLS)
     return {
-        "shape": dict(zip(["hidden", "experts", "top_k", "expert_ffn", "groups", "kept_groups",
-                           "tokens"], shape[1:], strict=True)),
-        "ms": {k: round(v, 2) for k, v in ms.items()},
-        "ms_min": {k: round(min(t), 2) for k, t in times.items()},
+        "shape": {"hidden": d, "experts": config.num_experts,
+                  "top_k": config.num_experts_per_tok,
+                  "expert_ffn": config.moe_intermediate_size, "groups": config.n_group,
+                  "kept_groups": config.topk_group, "shared": config.num_shared_experts,
+                  "tokens": tokens},
+        "ms": {k: round(v, 3) for k, v in ms.items()},
+        "ms_min": {k: round(min(t), 3) for k, t in times.items()},
         "max_abs_diff_vs_ours": max_diff,
         "relative_error_vs_ours": relative,
         "ours_gflops": round(ours_gflops, 1),
         "dense_mm_gflops": round(dense_gflops, 1),
         "dense_mm_shape": [tokens, d, dense_n],
+        "speedup_vs_torchtitan": round(ms["torchtitan"] / ms["ours"], 3),
         "speedup_vs_hf_best": round(hf_best / ms["ours"], 3),
         "speedup_vs_hf_eager": round(ms["hf_eager"] / ms["ours"], 3),
         "fraction_of_dense_mm": round(ours_gflops / dense_gflops, 3),
@@ -145,32 +195,73 @@ def bench_shape(shape, rounds: int, target: Target) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="timed rounds per shape (15 on cpu, 50 on cuda)")
-    parser.add_argument("--quick", action="store_true", help="tiny shape only, 3 rounds")
-    parser.add_argument("--tokens", type=int,
-                        help="tokens per call at every shape (default: each shape's own; a GPU "
-                             "needs many more than the CPU shapes have to be busy)")
-    add_target_arguments(parser)
-    args = parser.parse_args()
-    target = target_from_args(args)
+def production_ratios(results: dict[tuple[str, int], dict]) -> dict:
+    """The issue's figures at each published layer, at HEADLINE_TOKENS per call."""
+    ratios = {}
+    for (name, tokens), result in results.items():
+        if tokens == HEADLINE_TOKENS:
+            ratios[f"layer_vs_torchtitan_{name}"] = result["speedup_vs_torchtitan"]
+            ratios[f"layer_vs_hf_best_{name}"] = result["speedup_vs_hf_best"]
+            ratios[f"layer_vs_dense_mm_{name}"] = result["fraction_of_dense_mm"]
+    return ratios
 
-    def sized(shapes):
-        return [(*shape[:-1], args.tokens) for shape in shapes] if args.tokens else shapes
 
-    shapes = sized(SHAPES[:1] if args.quick else SHAPES)
-    rounds = 3 if args.quick else args.rounds or (50 if target.on_cuda else 15)
-    results = {shape[0]: bench_shape(shape, rounds, target) for shape in shapes}
-    others = {} if args.quick else {
-        shape[0]: bench_shape(shape, rounds, target) for shape in sized(OTHER_SHAPES)
-    }
+def cpu_shape_ratios(results: dict) -> dict:
+    ratios = {"layer_vs_hf_best_tiny": results["tiny"]["speedup_vs_hf_best"],
+              "layer_vs_torchtitan_tiny": results["tiny"]["speedup_vs_torchtitan"]}
     large = [results[s[0]] for s in SHAPES[1:] if s[0] in results]
-    ratios = {"layer_vs_hf_best_tiny": results["tiny"]["speedup_vs_hf_best"]}
     if large:
         ratios["layer_vs_hf_best_large"] = large[0]["speedup_vs_hf_best"]
         ratios["layer_vs_dense_mm_large"] = min(r["fraction_of_dense_mm"] for r in large)
     ratios["layer_vs_hf_eager_min"] = min(r["speedup_vs_hf_eager"] for r in results.values())
+    return ratios
+
+
+def parse_tokens(text: str) -> tuple[int, ...]:
+    try:
+        tokens = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}") from None
+    if not tokens or min(tokens) < 1:
+        raise argparse.ArgumentTypeError("token counts must be positive")
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, help="timed rounds per shape (15 on cpu, 30 on cuda)")
+    parser.add_argument("--quick", action="store_true", help="tiny shape only, 3 rounds")
+    parser.add_argument("--shape", action="append", choices=sorted(PRESETS),
+                        help="a preset's MoE layer instead of the CPU shapes (repeatable): "
+                             "ling-mini-2.0 and ling-flash-2.0 on a GPU")
+    parser.add_argument("--tokens", type=parse_tokens,
+                        help="tokens per call, comma-separated (default: each CPU shape's own; "
+                             f"{','.join(map(str, PRODUCTION_TOKENS))} with --shape)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also write torch.profiler's table of our layer at each shape here")
+    add_target_arguments(parser)
+    args = parser.parse_args()
+    if args.tokens and len(args.tokens) > 1 and not args.shape:
+        parser.error("--tokens: one count for the CPU shapes (several with --shape)")
+    target = target_from_args(args)
+    rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 15)
+
+    if args.shape:
+        runs = {(name, tokens): bench_shape(name, preset(name), tokens, rounds, target,
+                                            args.profile)
+                for name in args.shape for tokens in args.tokens or PRODUCTION_TOKENS}
+        results = {f"{name}@{tokens}": result for (name, tokens), result in runs.items()}
+        ratios, others = production_ratios(runs), {}
+    else:
+        def timed(shapes, profile_dir=None):
+            return {s[0]: bench_shape(s[0], shape_config(s), args.tokens[0] if args.tokens
+                                      else s[-1], rounds, target, profile_dir)
+                    for s in shapes}
+
+        results = timed(SHAPES[:1] if args.quick else SHAPES, args.profile)
+        others = {} if args.quick else timed(OTHER_SHAPES)
+        ratios = cpu_shape_ratios(results)
     print(json.dumps({
         "benchmark": "moe_layer",
         **target.describe(), "transformers": transformers.__version__, "rounds": rounds,

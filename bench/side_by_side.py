@@ -13,6 +13,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -86,3 +87,18 @@ def time_round_robin(
             target.sync()
             times[name].append((time.perf_counter() - start) * 1e3)
     return times
+
+
+def write_profile(fn: Callable[[], object], target: Target, path: Path, calls: int = 3) -> None:
+    """torch.profiler's table of `calls` calls of `fn` (already warm), the ops that took the
+    most device time first (host time on a CPU): what stands between a layer and the limit."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if target.on_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(calls):
+            fn()
+        target.sync()
+    sort_by = "self_cuda_time_total" if target.on_cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profiler.key_averages().table(sort_by=sort_by, row_limit=30))

@@ -1,11 +1,13 @@
 """What per-op timing costs the real training loop: off, always-on (L1), sampled (L2).
 
-    .venv/bin/python -m bench.timing_overhead [--preset tiny] [--ranks 2] [--rounds 10]
-                                              [--block 10] [--sample-every 10]
+    .venv/bin/python -m bench.timing_overhead [--device cpu|cuda] [--preset tiny] [--layers N]
+                                              [--ranks 2] [--rounds 10] [--block 10]
+                                              [--sample-every 10]
 
-Every rank runs the engine's own `Trainer` (the model, PaRO data parallelism over gloo, the
-fault detectors, the cross-rank aggregation of the `ops` event) and switches its timing between
-steps with `Trainer.set_timing`:
+Every rank runs the engine's own `Trainer` (the model, PaRO data parallelism over gloo, or
+NCCL on GPUs, the fault detectors, the cross-rank aggregation of the `ops` event) and switches
+its timing between steps with `Trainer.set_timing`. On `--device cuda` (one rank per GPU, 1 by
+default) the Trainer's timer times ops with CUDA events on the op's stream (its `cuda` backend):
 
 - off: `OpTimer` hands out no-op spans and the module hooks are removed;
 - always_on: every op timed and aggregated across ranks every step, no timeline;
@@ -16,12 +18,14 @@ steps with `Trainer.set_timing`:
 The modes take turns in blocks of `--block` steps (a block as long as the sampling period,
 so a sampled block holds its share of sampled steps) and rotate which goes first, so drift and
 machine noise fall on all of them alike. The overhead of a mode is its median block-mean step
-time over that of "off": `ratios` in process CPU time (on a shared machine it is not inflated by
-other tenants), `wall_ratios` in wall-clock time, with the standard error that says what the
-comparison can resolve. A CPU step varies by +-15% from step to step, more than timing costs, so
-`accounted` adds the same overheads from unit costs measured in isolation: the cost of one timed
-call times the timed calls per step, plus one trace write per sampling period. Run it on a quiet
-machine.
+time over that of "off", in process CPU time (`cpu_ratios`: on a shared machine it is not
+inflated by other tenants) and in wall-clock time (`wall_ratios`); `ratios` is the headline,
+the CPU-time one on the CPU and the wall-clock one on a GPU (where the step's cost is the
+device's work, and a block is timed from one `torch.cuda.synchronize()` to the next), with the
+standard error that says what the comparison can resolve. A CPU step varies by +-15% from
+step to step, more than timing costs, so `accounted` adds the same overheads from unit costs
+measured in isolation: the cost of one timed call (its host-side hooks and span) times the
+timed calls per step, plus one trace write per sampling period. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -49,12 +53,16 @@ MODES = ("off", "always_on", "sampled")
 
 
 def spec_for(args: argparse.Namespace) -> dict:
+    model = {"preset": args.preset}
+    if args.layers is not None:
+        model["num_hidden_layers"] = args.layers
     return {
         "name": "timing-overhead",
-        "model": {"preset": args.preset},
+        "model": model,
         "parallel": {"nodes": 1, "procs_per_node": args.ranks},
         "train": {"steps": 100_000, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-                  "eval_every": 0, "threads": args.threads, "trace_every": args.sample_every},
+                  "eval_every": 0, "threads": args.threads, "trace_every": args.sample_every,
+                  "device": args.device},
         "checkpoint": {"every": 0},
     }
 
@@ -70,10 +78,13 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out_dir: str) -> N
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     sampled_steps = {m: 0 for m in MODES}
     ops_per_step = 0
+    # on a GPU a block's time is its device work: the queue is drained at both ends
+    settle = torch.cuda.synchronize if args.device == "cuda" else lambda: None
     for r in range(args.rounds):
         for mode in MODES[r % 3:] + MODES[: r % 3]:
             trainer.set_timing(mode != "off")
             trainer.timer.sample_every = args.sample_every if mode == "sampled" else 0
+            settle()
             started, started_cpu = time.perf_counter(), time.process_time()
             for _ in range(args.block):
                 trainer.train_step()
@@ -81,6 +92,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out_dir: str) -> N
                 sampled_steps[mode] += last.sampled
                 if mode == "always_on":
                     ops_per_step = sum(s.count for s in last.ops.values())
+            settle()
             wall[mode].append((time.perf_counter() - started) / args.block)
             cpu[mode].append((time.process_time() - started_cpu) / args.block)
     trace_s = time_trace(trainer, Path(out_dir) / "probe.json")
@@ -141,10 +153,14 @@ def overheads(per_block: dict[str, list[float]]) -> dict[str, float]:
     return {f"{mode}_overhead": median[mode] / median["off"] - 1 for mode in MODES[1:]}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="num_hidden_layers instead of the preset's")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="ranks on this host (default: 2 on cpu, 1 on cuda)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=10)
@@ -152,6 +168,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.ranks is None:
+        args.ranks = 1 if args.device == "cuda" else 2
+    if args.device == "cuda" and args.ranks > torch.cuda.device_count():
+        parser.error(f"--ranks {args.ranks} needs as many GPUs (one per rank), "
+                     f"this machine has {torch.cuda.device_count()}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    # the headline clock: a GPU step's cost is the device's time, not the host process's
+    headline = "wall" if args.device == "cuda" else "cpu"
     port = free_port()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out_dir:
@@ -166,10 +194,10 @@ def main(argv: list[str] | None = None) -> dict:
                  for clock in ("cpu", "wall")}
     return {
         "benchmark": "timing_overhead",
-        "workload": {"loop": "engine.runtime.train.Trainer (real)", "preset": args.preset,
-                     "ranks": args.ranks, "seq_len": args.seq_len,
-                     "micro_batch": args.micro_batch, "threads_per_rank": args.threads,
-                     "steps_per_mode": args.rounds * args.block,
+        "workload": {"loop": "engine.runtime.train.Trainer (real)", "device": args.device,
+                     "preset": args.preset, "layers": args.layers, "ranks": args.ranks,
+                     "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+                     "threads_per_rank": args.threads, "steps_per_mode": args.rounds * args.block,
                      "sample_every": args.sample_every,
                      "timed_ops_per_step": ranks[0]["ops_per_step"],
                      "sampled_steps": ranks[0]["sampled_steps"]},
@@ -183,12 +211,14 @@ def main(argv: list[str] | None = None) -> dict:
         # the same overheads from unit costs measured in isolation, immune to machine noise:
         # timed ops per step x the cost of one, plus one trace per sampling period
         "accounted": accounted(ranks, statistics.median(per_block["wall"]["off"]), args),
-        "ratios_clock": "process CPU time per step, mean over ranks",
-        "ratios": overheads(per_block["cpu"]),
+        "ratios_clock": {"cpu": "process CPU time per step, mean over ranks",
+                         "wall": "wall-clock time per step, mean over ranks"}[headline],
+        "ratios": overheads(per_block[headline]),
         # what the A/B comparison can resolve: the standard error of a mode's block mean,
         # as a fraction of the step (block-to-block spread of "off" / sqrt(rounds))
-        "ratios_standard_error": statistics.stdev(per_block["cpu"]["off"])
-        / statistics.median(per_block["cpu"]["off"]) / args.rounds ** 0.5,
+        "ratios_standard_error": statistics.stdev(per_block[headline]["off"])
+        / statistics.median(per_block[headline]["off"]) / args.rounds ** 0.5,
+        "cpu_ratios": overheads(per_block["cpu"]),
         "wall_ratios": overheads(per_block["wall"]),
         "targets": {"always_on_overhead": 0.005, "sampled_overhead": 0.01},
     }

@@ -147,6 +147,14 @@ _LING1 = dict(
     z_loss_coef=1e-4,
 )
 
+# what the Ling 2.0 models share; the published checkpoints ship without their MTP layer
+_LING2 = dict(
+    vocab_size=157184, num_key_value_heads=4, head_dim=128, num_experts=256,
+    num_experts_per_tok=8, num_shared_experts=1, n_group=8, topk_group=4,
+    first_k_dense_replace=1, initializer_range=0.006, max_position_embeddings=32768,
+    bias_update_rate=1e-3, num_nextn_predict_layers=0,
+)
+
 PRESETS: dict[str, MoEConfig] = {
     "nano": MoEConfig(
         vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -168,12 +176,13 @@ PRESETS: dict[str, MoEConfig] = {
         max_position_embeddings=16384, **_LING1,
     ),
     "ling-mini-2.0": MoEConfig(
-        vocab_size=157184, hidden_size=2048, intermediate_size=5120, num_hidden_layers=20,
-        num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-        num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
-        moe_intermediate_size=512, n_group=8, topk_group=4, first_k_dense_replace=1,
-        initializer_range=0.006, max_position_embeddings=32768, bias_update_rate=1e-3,
-        num_nextn_predict_layers=0,  # the published checkpoint ships without its MTP layer
+        hidden_size=2048, intermediate_size=5120, num_hidden_layers=20, num_attention_heads=16,
+        moe_intermediate_size=512, **_LING2,
+    ),
+    # KV heads and router groups are not published for flash: 4 and 8/4, as mini's
+    "ling-flash-2.0": MoEConfig(
+        hidden_size=4096, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=32,
+        moe_intermediate_size=1024, **_LING2,
     ),
 }
 

@@ -29,7 +29,8 @@ def run_benchmark(module: str) -> dict:
 @pytest.mark.parametrize(
     "module, ratios",
     [
-        ("bench.moe_layer", {"layer_vs_hf_best_tiny", "layer_vs_hf_eager_min"}),
+        ("bench.moe_layer",
+         {"layer_vs_hf_best_tiny", "layer_vs_torchtitan_tiny", "layer_vs_hf_eager_min"}),
         ("bench.moe_model", {"model_vs_glm4moe", "model_with_mtp_vs_glm4moe"}),
     ],
 )
@@ -41,6 +42,9 @@ def test_the_benchmark_prints_its_ratios(module, ratios):
 
 def test_the_layer_benchmark_checks_every_implementation_against_ours_before_timing():
     tiny = run_benchmark("bench.moe_layer")["shapes"]["tiny"]
-    assert set(tiny["max_abs_diff_vs_ours"]) == {"eager", "grouped_mm"}
-    assert max(tiny["max_abs_diff_vs_ours"].values()) <= 1e-5
-    assert set(tiny["ms"]) == {"ours", "hf_eager", "hf_grouped_mm", "dense_mm"}
+    difference = tiny["max_abs_diff_vs_ours"]
+    assert set(difference) == {"torchtitan", "hf_eager", "hf_grouped_mm"}
+    assert max(difference["hf_eager"], difference["hf_grouped_mm"]) <= 1e-5
+    # torchtitan runs its experts in bf16, which keeps about 3 significant digits
+    assert tiny["relative_error_vs_ours"]["torchtitan"] <= 1e-2
+    assert set(tiny["ms"]) == {"ours", "torchtitan", "hf_eager", "hf_grouped_mm", "dense_mm"}

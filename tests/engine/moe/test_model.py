@@ -20,7 +20,7 @@ def batch(config, batch_size=2, seq=16, seed=0):
 
 @pytest.mark.parametrize(
     "name, total_b, active_b",
-    [("ling-lite", 16.8, 2.75), ("ling-mini-2.0", 16.26, 1.43)],
+    [("ling-lite", 16.8, 2.75), ("ling-mini-2.0", 16.26, 1.43), ("ling-flash-2.0", 102.89, 6.15)],
 )
 def test_parameter_counts_match_the_published_totals(name, total_b, active_b):
     config = preset(name)
@@ -28,7 +28,9 @@ def test_parameter_counts_match_the_published_totals(name, total_b, active_b):
     assert param_count(config, active=True) / 1e9 == pytest.approx(active_b, abs=0.005)
 
 
-@pytest.mark.parametrize("name", ["nano", "tiny", "small", "ling-lite", "ling-mini-2.0"])
+@pytest.mark.parametrize(
+    "name", ["nano", "tiny", "small", "ling-lite", "ling-mini-2.0", "ling-flash-2.0"]
+)
 @pytest.mark.parametrize("changes", [
     {}, {"tie_word_embeddings": True, "use_qkv_bias": True, "use_bias": True},
     {"use_qk_norm": False, "num_shared_experts": 2, "first_k_dense_replace": 0},
