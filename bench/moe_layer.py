@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -77,7 +78,7 @@ def shape_config(shape: tuple) -> MoEConfig:
     )
 
 
-def build(config: MoEConfig, target: Target) -> tuple[MoE, MoE, dict]:
+def build(config: MoEConfig, target: Target) -> tuple[MoE, nn.Module, nn.Module]:
     """Ours, torchtitan's and transformers' layers on the target, with ours's weights: built
     there and cast at once (a flash-sized layer is 3.2B parameters)."""
     torch.manual_seed(0)
@@ -168,7 +169,7 @@ def bench_shape(name: str, config: MoEConfig, tokens: int, rounds: int, target: 
     times = time_round_robin(fns, rounds, target)
     if profile_dir is not None:
         write_profile(fns["ours"], target, profile_dir / f"moe_layer_{name}@{tokens}.txt")
-    ms = {name: statistics.median(t) for name, t in times.items()}
+    ms = {impl: statistics.median(t) for impl, t in times.items()}
     ours_gflops = flops / ms["ours"] / 1e6
     dense_gflops = 2 * tokens * d * dense_n / ms["dense_mm"] / 1e6
     hf_best = min(ms[f"hf_{impl}"] for impl in HF_IMPLS)

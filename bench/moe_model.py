@@ -4,7 +4,8 @@ Both models get the same shapes (the tiny preset: d 256, 6 layers, first dense, 
 top-4 in 8 groups keep 4, one shared expert, GQA 4/2, QK-norm, half-rotary RoPE), the same
 batch (8 x 256 byte tokens by default; a GPU is busy only with many more) and the same
 optimiser (torch's fused AdamW, its fastest on CPU, as the engine's own optimiser step is
-fused). Glm4Moe has no training-time MTP, so the headline ratio compares ours with MTP off;
+fused, after clipping the gradients' global norm at 1.0, as the engine does). Glm4Moe has
+no training-time MTP, so the headline ratio compares ours with MTP off;
 ours with its MTP layer on is reported too. CPU, fp32, 2 threads by default, or a GPU in bf16
 with `--device cuda`; one training step of each model per round, round-robin
 (bench/side_by_side.py), median over the rounds after warm-up (the minimum is listed too).
@@ -25,6 +26,7 @@ tokens/s over the peak of one large dense matmul measured in the same run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -57,14 +59,14 @@ from engine.paro import ShardedDataParallel  # noqa: E402
 from engine.ports import free_port  # noqa: E402
 
 BATCH, SEQ = 8, 256  # the issue's tiny-model step
-LR, BETAS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 0.1
+LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.95), 0.1, 1.0
 # GPU bytes per parameter with both models resident: ours under the sharded optimizer (bf16
 # parameter, gradient and flat gradient buffers, fp32 master and two moments: 18) and
 # transformers' under fused AdamW in bf16 (parameter, gradient, two moments: 8); per token of
 # a step, what its activations take in one layer (a guess with room) and what the logits take
 # (bf16, their fp32 copy for the loss, its gradient and theirs: 12 bytes per vocabulary entry).
 BYTES_PER_PARAM = 18 + 8
-ACTIVATION_BYTES_PER_TOKEN_LAYER = 128 << 10
+ACTIVATION_BYTES_PER_TOKEN_LAYER = 256 << 10
 LOGIT_BYTES = 12
 
 
@@ -85,6 +87,7 @@ def trainer(model, forward) -> Callable[[], float]:
     def step():
         loss = forward(model)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
@@ -103,7 +106,7 @@ def sharded_trainer(model: MoEModel, input_ids, labels) -> Callable[[], float]:
 
     def step():
         loss = dp.forward_backward(input_ids, labels).loss
-        dp.step(LR, grad_clip=1.0)
+        dp.step(LR, GRAD_CLIP)
         return loss.item()
 
     return step
@@ -166,20 +169,23 @@ def parse_args() -> argparse.Namespace:
 
 def models_to_time(args, config: MoEConfig, tokens: torch.Tensor,
                    target: Target) -> tuple[dict, int]:
-    """One training step of each model, keyed by name; and transformers' parameter count."""
+    """One training step of each model, keyed by name; and transformers' parameter count.
+    The models are built on the target (a GPU initialises billions of parameters in no time)."""
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
     variants = [("ours", config.replace(num_nextn_predict_layers=0))]
     if config.num_nextn_predict_layers:
         variants.append(("ours_with_mtp", config))
     models = {}
     for name, c in variants:
-        model = on_target(MoEModel(c), target)
+        with torch.device(target.device):
+            model = on_target(MoEModel(c), target)
         models[name] = (
             sharded_trainer(model, input_ids, labels) if args.ours_optimizer == "sharded"
             else trainer(model, lambda m: m(input_ids, labels).loss)
         )
     for impl in args.hf_impls:
-        hf = on_target(glm4moe_like(config, impl), target)
+        with torch.device(target.device):
+            hf = on_target(glm4moe_like(config, impl), target)
         hf_params = sum(p.numel() for p in hf.parameters())
         # transformers shifts labels itself: give it the unshifted sequence
         models[f"glm4moe_{impl}"] = trainer(
@@ -188,24 +194,43 @@ def models_to_time(args, config: MoEConfig, tokens: torch.Tensor,
     return models, hf_params
 
 
+def fitted_models(args, config: MoEConfig, tokens: torch.Tensor,
+                  target: Target) -> tuple[MoEConfig, dict, int]:
+    """The models with `--layers` layers, or on a GPU as many as the estimate allows, each
+    warmed up; on a GPU one layer fewer at a time until a warm-up step of each fits."""
+    layers = args.layers or (fitting_layers(config, args.batch * args.seq, target)
+                             if target.on_cuda else config.num_hidden_layers)
+    while True:
+        sized = config.replace(num_hidden_layers=layers,
+                               first_k_dense_replace=min(config.first_k_dense_replace, layers))
+        try:
+            models, hf_params = models_to_time(args, sized, tokens, target)
+            time_round_robin(models, 2, target)  # warm-up
+            return sized, models, hf_params
+        except torch.OutOfMemoryError:
+            if not target.on_cuda or layers == 1:
+                raise
+        # past the except block, its traceback no longer holds the models' tensors
+        layers -= 1
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(target.device)
+
+
 def main() -> None:
     args = parse_args()
     target = target_from_args(args)
     rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 15)
     step_tokens = args.batch * args.seq
-    config = preset(args.preset)
-    layers = args.layers or (fitting_layers(config, step_tokens, target) if target.on_cuda
-                             else config.num_hidden_layers)
-    config = config.replace(num_hidden_layers=layers,
-                            first_k_dense_replace=min(config.first_k_dense_replace, layers))
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=g)
-    models, hf_params = models_to_time(args, config, tokens.to(target.device), target)
+    tokens = torch.randint(0, preset(args.preset).vocab_size, (args.batch, args.seq + 1),
+                           generator=g)
+    config, models, hf_params = fitted_models(args, preset(args.preset),
+                                              tokens.to(target.device), target)
 
     peak = dense_peak_tflops(target, rounds)
     started = time.perf_counter()
-    time_round_robin(models, 2, target)  # warm-up
     times = {name: [ms / 1e3 for ms in t]
              for name, t in time_round_robin(models, rounds, target).items()}
     timed_s = time.perf_counter() - started
@@ -223,14 +248,15 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "moe_model",
         **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
-        "preset": args.preset, "layers": layers, "batch": args.batch, "seq": args.seq,
+        "preset": args.preset, "layers": config.num_hidden_layers, "batch": args.batch,
+        "seq": args.seq,
         "ours_optimizer": args.ours_optimizer,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "params": {"ours": param_count(config.replace(num_nextn_predict_layers=0)),
                    "ours_with_mtp": param_count(config), "glm4moe": hf_params},
         "peak_memory_gb": (round(torch.cuda.max_memory_allocated(target.device) / 2**30, 1)
                            if target.on_cuda else None),
-        "timed_s": round(timed_s, 1),  # the warm-up and timed rounds of every model
+        "timed_s": round(timed_s, 1),  # the timed rounds of every model
         "step_seconds": {k: round(v, 4) for k, v in seconds.items()},
         "step_seconds_min": {k: round(min(t), 4) for k, t in times.items()},
         "tokens_per_s": {k: round(v, 1) for k, v in tokens_per_s.items()},
