@@ -265,6 +265,11 @@ def main() -> None:
     state = flat_state(args.config, torch.device(args.device))
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
     memory_dir = Path("/dev/shm") / f"ringside-bench-{uuid.uuid4().hex[:8]}"
+    state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    shm_free = shutil.disk_usage("/dev/shm").free
+    if shm_free < 2 * state_bytes:  # the memory tier keeps one save while it writes the next
+        raise SystemExit(f"/dev/shm has {shm_free / 1e9:.1f} GB free; the memory tier needs "
+                         f"{2 * state_bytes / 1e9:.1f} GB: choose a smaller --preset or --layers")
     try:
         save = bench_save(state, root, memory_dir, args.repeats)
         load = {} if args.skip_load else bench_load(state, root, args.repeats)
@@ -287,7 +292,7 @@ def main() -> None:
             "staging": "pinned" if on_gpu else "pageable",
             "elements_per_buffer": state["params"].numel(),
             "buffers": list(state),
-            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+            "bytes": state_bytes,
         },
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads,
                     "gpu": torch.cuda.get_device_name() if on_gpu else None,

@@ -48,6 +48,7 @@ fi
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers",
   transformers.__version__, "gpu", torch.cuda.get_device_name())' | tee "$out/summary.txt" || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader >> "$out/summary.txt"
+df -h /dev/shm /tmp | tail -2 >> "$out/summary.txt"  # the checkpoint's memory tier and disk
 status=0
 
 # step NAME SECONDS OUTPUT COMMAND...: run COMMAND (stdout to OUTPUT) for at most SECONDS,
@@ -73,10 +74,10 @@ step moe_layer 150 "$out/moe_layer.json" python3 -m bench.moe_layer --device cud
 step moe_model 100 "$out/moe_model.json" python3 -m bench.moe_model --device cuda --rounds 20 \
   --preset ling-mini-2.0 --ours-optimizer sharded --hf-impls grouped_mm --batch 2 --seq 4096 \
   --profile "$out"
-step timing 60 "$out/timing_overhead.json" python3 -m bench.timing_overhead --device cuda \
+step timing 90 "$out/timing_overhead.json" python3 -m bench.timing_overhead --device cuda \
   --preset ling-mini-2.0 --layers 2 --seq-len 4096 --micro-batch 2 --rounds 6 --block 5 \
   --sample-every 5
-step checkpoint 60 "$out/checkpoint.json" python3 -m bench.checkpoint --device cuda \
+step checkpoint 90 "$out/checkpoint.json" python3 -m bench.checkpoint --device cuda \
   --preset ling-mini-2.0 --layers 1 --repeats 3 --skip-load --skip-recovery
 
 cat > /tmp/ling_mini_run.json <<'SPEC'
