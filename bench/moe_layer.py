@@ -24,6 +24,7 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -45,9 +46,16 @@ from bench.side_by_side import (  # noqa: E402
     time_round_robin,
     write_profile,
 )
-from bench.titan_reference import titan_layer_like  # noqa: E402
 from engine.moe import PRESETS, MoEConfig, cast_parameters, preset  # noqa: E402
 from engine.moe.model import MoE  # noqa: E402
+
+try:
+    from bench.titan_reference import titan_layer_like
+    TORCHTITAN = importlib.metadata.version("torchtitan")
+except (ImportError, AttributeError) as error:
+    # torchtitan reaches into torch's private modules; on a torch it does not fit, the other
+    # figures are still worth the GPU time: the document says why torchtitan's are missing
+    titan_layer_like, TORCHTITAN = None, f"not importable: {type(error).__name__}: {error}"
 
 # name, hidden, experts, top-k, expert width, groups, kept groups, tokens. The ratios are taken
 # at the tiny preset's layer and two larger ones of the same family: the small preset's, and
@@ -78,7 +86,7 @@ def shape_config(shape: tuple) -> MoEConfig:
     )
 
 
-def build(config: MoEConfig, target: Target) -> tuple[MoE, nn.Module, nn.Module]:
+def build(config: MoEConfig, target: Target) -> tuple[MoE, nn.Module | None, nn.Module]:
     """Ours, torchtitan's and transformers' layers on the target, with ours's weights: built
     there and cast at once (a flash-sized layer is 3.2B parameters)."""
     torch.manual_seed(0)
@@ -88,7 +96,7 @@ def build(config: MoEConfig, target: Target) -> tuple[MoE, nn.Module, nn.Module]
             for p in ours.parameters():
                 p.normal_(0.0, config.initializer_range)
         cast_parameters(ours, target.dtype)
-        titan = on_target(titan_layer_like(ours), target)
+        titan = on_target(titan_layer_like(ours), target) if titan_layer_like else None
         # one module for both of transformers' implementations: it reads its config's
         # `_experts_implementation` at each call
         hf = on_target(hf_layer_like(ours, HF_IMPLS[0]), target)
@@ -113,8 +121,10 @@ def implementations(ours, titan, hf, x, grad) -> dict:
             return step(hf, x, grad)
         return call
 
-    return {"ours": lambda: step(ours, x, grad), "torchtitan": lambda: step(titan, x, grad),
-            **{f"hf_{impl}": hf_step(impl) for impl in HF_IMPLS}}
+    fns = {"ours": lambda: step(ours, x, grad)}
+    if titan is not None:
+        fns["torchtitan"] = lambda: step(titan, x, grad)
+    return fns | {f"hf_{impl}": hf_step(impl) for impl in HF_IMPLS}
 
 
 def layer_flops(config: MoEConfig, tokens: int) -> float:
@@ -186,7 +196,8 @@ def bench_shape(name: str, config: MoEConfig, tokens: int, rounds: int, target: 
         "ours_gflops": round(ours_gflops, 1),
         "dense_mm_gflops": round(dense_gflops, 1),
         "dense_mm_shape": [tokens, d, dense_n],
-        "speedup_vs_torchtitan": round(ms["torchtitan"] / ms["ours"], 3),
+        **({"speedup_vs_torchtitan": round(ms["torchtitan"] / ms["ours"], 3)}
+           if "torchtitan" in ms else {}),
         "speedup_vs_hf_best": round(hf_best / ms["ours"], 3),
         "speedup_vs_hf_eager": round(ms["hf_eager"] / ms["ours"], 3),
         "fraction_of_dense_mm": round(ours_gflops / dense_gflops, 3),
@@ -201,15 +212,18 @@ def production_ratios(results: dict[tuple[str, int], dict]) -> dict:
     ratios = {}
     for (name, tokens), result in results.items():
         if tokens == HEADLINE_TOKENS:
-            ratios[f"layer_vs_torchtitan_{name}"] = result["speedup_vs_torchtitan"]
+            if "speedup_vs_torchtitan" in result:
+                ratios[f"layer_vs_torchtitan_{name}"] = result["speedup_vs_torchtitan"]
             ratios[f"layer_vs_hf_best_{name}"] = result["speedup_vs_hf_best"]
             ratios[f"layer_vs_dense_mm_{name}"] = result["fraction_of_dense_mm"]
     return ratios
 
 
 def cpu_shape_ratios(results: dict) -> dict:
-    ratios = {"layer_vs_hf_best_tiny": results["tiny"]["speedup_vs_hf_best"],
-              "layer_vs_torchtitan_tiny": results["tiny"]["speedup_vs_torchtitan"]}
+    tiny = results["tiny"]
+    ratios = {"layer_vs_hf_best_tiny": tiny["speedup_vs_hf_best"]}
+    if "speedup_vs_torchtitan" in tiny:
+        ratios["layer_vs_torchtitan_tiny"] = tiny["speedup_vs_torchtitan"]
     large = [results[s[0]] for s in SHAPES[1:] if s[0] in results]
     if large:
         ratios["layer_vs_hf_best_large"] = large[0]["speedup_vs_hf_best"]
@@ -265,8 +279,8 @@ def main() -> None:
         ratios = cpu_shape_ratios(results)
     print(json.dumps({
         "benchmark": "moe_layer",
-        **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
-        "load_average_1m": round(os.getloadavg()[0], 2),
+        **target.describe(), "transformers": transformers.__version__, "torchtitan": TORCHTITAN,
+        "rounds": rounds, "load_average_1m": round(os.getloadavg()[0], 2),
         "ratios": ratios,
         "shapes": results,
         "other_shapes": others,
