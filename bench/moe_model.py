@@ -224,10 +224,9 @@ def main() -> None:
     step_tokens = args.batch * args.seq
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, preset(args.preset).vocab_size, (args.batch, args.seq + 1),
-                           generator=g)
-    config, models, hf_params = fitted_models(args, preset(args.preset),
-                                              tokens.to(target.device), target)
+    config = preset(args.preset)
+    tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), generator=g)
+    config, models, hf_params = fitted_models(args, config, tokens.to(target.device), target)
 
     peak = dense_peak_tflops(target, rounds)
     started = time.perf_counter()

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.moe_layer import BF16_RELATIVE, relative_error
 from bench.titan_reference import titan_layer_like
 from engine.moe import cast_parameters, preset
 from engine.moe.model import MoE
 
 torch.set_num_threads(1)
-BF16_RELATIVE = 1e-2
 
 
 def ours_layer(name: str, device: str = "cpu", **changes) -> MoE:
@@ -24,10 +24,6 @@ def ours_layer(name: str, device: str = "cpu", **changes) -> MoE:
             p.normal_(0.0, 0.05 if name == "tiny" else 0.02)
         layer.router.expert_bias.uniform_(-0.05, 0.05)  # exercised in the choice
     return layer
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return ((value.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
 def assert_twins(ours: MoE, x: torch.Tensor) -> None:
