@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -100,6 +101,11 @@ def shards(state: dict[str, torch.Tensor], world: int, rank: int) -> dict:
     return out
 
 
+def progress(method: str, seconds: list[float]) -> None:
+    """On stderr, so that a run stopped by its deadline still says where the time went."""
+    print(f"{method}: {len(seconds)} saves, {sum(seconds):.1f} s", file=sys.stderr, flush=True)
+
+
 def bench_save(state, root: Path, memory_dir: Path, repeats: int) -> dict:
     flat = {name: (t, 0, t.numel()) for name, t in state.items()}
     ours = Checkpointer(root / "ours", memory_dir=memory_dir, keep=2, memory_keep=1)
@@ -116,10 +122,12 @@ def bench_save(state, root: Path, memory_dir: Path, repeats: int) -> dict:
         ours.wait()
         memory_only_persisted.append(time.perf_counter() - started)
     ours.close()
+    progress("ours", ours_persisted)
 
     torch_save = [timed(lambda: torch.save(state, root / "torch.pt")) for _ in range(repeats)]
     torch_save_durable = [timed(lambda: durable_torch_save(state, root / "torch.pt"))
                           for _ in range(repeats)]
+    progress("torch.save", torch_save_durable)
 
     dcp_blocking, dcp_total = [], []
     for i in range(repeats):
@@ -130,6 +138,7 @@ def bench_save(state, root: Path, memory_dir: Path, repeats: int) -> dict:
         dcp_blocking.append(time.perf_counter() - started)
         future.result()
         dcp_total.append(time.perf_counter() - started)
+    progress("DCP async", dcp_total)
 
     return {
         "ours_blocking_s": ours_blocking,

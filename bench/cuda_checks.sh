@@ -6,7 +6,7 @@
 #
 #   pytest       the CUDA tests (dispatch vs the loop oracle in bf16, our layer vs torchtitan's
 #                on copied weights); on a CPU machine they skip naming the reason
-#   moe_layer    ling-mini-2.0 and ling-flash-2.0 MoE layers, 8k/16k/32k tokens: ours,
+#   moe_layer_*  ling-mini-2.0 and ling-flash-2.0 MoE layers, 8k/16k/32k tokens: ours,
 #                torchtitan's, transformers' and a dense matmul of the same FLOPs, in turns
 #   moe_model    the ling-mini-2.0-shaped model, as many layers as fit, with the sharded
 #                optimizer, against transformers' Glm4Moe: tokens/s and MFU
@@ -69,16 +69,22 @@ step() {
 
 step pytest 90 "$out/pytest.log" python3 -m pytest --noconftest -p no:cacheprovider -q -rs \
   --rootdir=. -c /dev/null tests/engine/moe tests/engine/xputimer/test_timer.py
-step moe_layer 150 "$out/moe_layer.json" python3 -m bench.moe_layer --device cuda --rounds 20 \
-  --shape ling-mini-2.0 --shape ling-flash-2.0 --profile "$out"
+# one step per shape, so that a shape the budget cannot hold keeps the other's document (the
+# H200 took ~25 s per shape and token count at 20 rounds, 2026-11-27)
+for shape in ling-mini-2.0 ling-flash-2.0; do
+  step "moe_layer_$shape" 120 "$out/moe_layer_$shape.json" python3 -m bench.moe_layer \
+    --device cuda --rounds 20 --shape "$shape" --profile "$out"
+done
 step moe_model 100 "$out/moe_model.json" python3 -m bench.moe_model --device cuda --rounds 20 \
   --preset ling-mini-2.0 --ours-optimizer sharded --hf-impls grouped_mm --batch 2 --seq 4096 \
   --profile "$out"
 step timing 90 "$out/timing_overhead.json" python3 -m bench.timing_overhead --device cuda \
   --preset ling-mini-2.0 --layers 2 --seq-len 4096 --micro-batch 2 --rounds 6 --block 5 \
   --sample-every 5
-step checkpoint 90 "$out/checkpoint.json" python3 -m bench.checkpoint --device cuda \
-  --preset ling-mini-2.0 --layers 1 --repeats 3 --skip-load --skip-recovery
+# each repeat writes the ~10 GB state five times (ours to disk, ours to memory, torch.save with
+# and without fsync, DCP): three repeats outran 90 s on the H200 (2026-11-27)
+step checkpoint 200 "$out/checkpoint.json" python3 -m bench.checkpoint --device cuda \
+  --preset ling-mini-2.0 --layers 1 --repeats 2 --skip-load --skip-recovery
 
 cat > /tmp/ling_mini_run.json <<'SPEC'
 {"name": "ling-mini-shaped", "model": {"preset": "ling-mini-2.0", "num_hidden_layers": 2},
