@@ -37,8 +37,10 @@ from safetensors.torch import save_file
 
 from engine.checkpoint import CheckpointError, CheckpointReader
 from engine.checkpoint.reader import resolve
+from engine.errors import SpecError
 from engine.moe.config import MoEConfig
 from engine.moe.model import MoEModel
+from engine.runtime.confine import open_confined
 
 if TYPE_CHECKING:
     from engine.runtime.spec import JobSpec
@@ -256,7 +258,7 @@ def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         shards = _write_weights(reader, pieces, params, buffers, out, max_shard_size)
     hf_config.save_pretrained(out)
     _generation_config(hf_config).save_pretrained(out)
-    tokenizer = _write_tokenizer(spec.train.dataset.tokenizer, out)
+    tokenizer = _write_tokenizer(spec, out)
     summary = {
         "checkpoint": str(info.path), "step": info.step, "strategy": info.strategy,
         "world_size": info.world_size, "out_dir": str(out), "architecture": ARCHITECTURE,
@@ -295,16 +297,25 @@ def _generation_config(hf_config: Any) -> Any:
     return GenerationConfig.from_model_config(hf_config)
 
 
-def _write_tokenizer(tokenizer: str, out: Path) -> str | None:
+def _write_tokenizer(spec: JobSpec, out: Path) -> str | None:
     """The run's tokenizer as transformers loads it (`AutoTokenizer.from_pretrained`), or
-    None for byte-level runs, whose token ids are the UTF-8 bytes themselves."""
+    None for byte-level runs, whose token ids are the UTF-8 bytes themselves. It is read
+    under the run's data roots, as the run read it."""
+    tokenizer = spec.train.dataset.tokenizer
     if tokenizer == "bytes":
         return None
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    if not Path(tokenizer).is_file():
-        raise ExportError(f"train.dataset.tokenizer: no tokenizer file at {tokenizer!r}")
-    PreTrainedTokenizerFast(tokenizer_file=tokenizer).save_pretrained(out)
+    field = "train.dataset.tokenizer"
+    try:
+        with open_confined(tokenizer, spec.data.roots, field) as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except SpecError as e:
+        raise ExportError(str(e)) from e
+    except OSError as e:
+        raise ExportError(f"{field}: no tokenizer file at {tokenizer!r}") from e
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(text)).save_pretrained(out)
     return tokenizer
 
 

@@ -19,15 +19,21 @@ lower ranks'. A step still covers the same windows, each taken by exactly one ra
 
 from __future__ import annotations
 
-import glob
+import io
 import json
 import sysconfig
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
+from engine.errors import SpecError
+from engine.runtime.confine import expand, open_confined
 from engine.runtime.spec import DatasetSpec, JobSpec, share_errors
+
+T = TypeVar("T")
 
 
 class DataError(ValueError):
@@ -40,39 +46,52 @@ def stdlib_source_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
 
 
-def _expand(patterns: list[str]) -> list[Path]:
+def _expand(patterns: list[str], roots: Sequence[str]) -> list[Path]:
     files: list[Path] = []
     for i, pattern in enumerate(patterns):
-        matched = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-        if not matched:
-            raise DataError(f"train.dataset.paths.{i}: no file matches {pattern!r}")
-        files.extend(matched)
+        files.extend(_confined(expand, pattern, roots, f"train.dataset.paths.{i}"))
     return files
 
 
-def _read_texts(spec: DatasetSpec) -> list[str]:
+def _confined(opener: Callable[[Any, Sequence[str], str], T], path: str | Path,
+              roots: Sequence[str], field: str) -> T:
+    """`opener(path, roots, field)`, its refusal a DataError naming the field."""
+    try:
+        return opener(path, roots, field)
+    except SpecError as e:
+        raise DataError(str(e)) from e
+
+
+def _open_text(path: Path, roots: Sequence[str]) -> io.TextIOWrapper:
+    return io.TextIOWrapper(_confined(open_confined, path, roots, "train.dataset.paths"),
+                            encoding="utf-8", errors="replace")
+
+
+def _read_texts(spec: DatasetSpec, roots: Sequence[str] = ()) -> list[str]:
     if spec.kind == "stdlib":
         return [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_source_files()]
-    files = _expand(spec.paths)
-    if spec.kind == "text":
-        return [p.read_text(encoding="utf-8", errors="replace") for p in files]
     texts = []
-    for path in files:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError as e:
-                    raise DataError(
-                        f"train.dataset.paths: {path}:{lineno} is not JSON ({e})"
-                    ) from e
-                if not isinstance(record, dict) or not isinstance(record.get(spec.field), str):
-                    raise DataError(
-                        f"train.dataset.field: {path}:{lineno} has no string field {spec.field!r}"
-                    )
-                texts.append(record[spec.field])
+    for path in _expand(spec.paths, roots):
+        with _open_text(path, roots) as f:
+            if spec.kind == "text":
+                texts.append(f.read())
+            else:
+                texts.extend(_jsonl_texts(f, path, spec.field))
+    return texts
+
+
+def _jsonl_texts(lines: Iterable[str], path: Path, field: str) -> list[str]:
+    texts = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"train.dataset.paths: {path}:{lineno} is not JSON ({e})") from e
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise DataError(f"train.dataset.field: {path}:{lineno} has no string field {field!r}")
+        texts.append(record[field])
     return texts
 
 
@@ -87,14 +106,18 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer from a local tokenizer.json."""
+    """A Hugging Face `tokenizers` tokenizer from a local tokenizer.json (in `roots`, if any)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, roots: Sequence[str] = ()):
         from tokenizers import Tokenizer
 
-        if not Path(path).is_file():
-            raise DataError(f"train.dataset.tokenizer: no tokenizer file at {path!r}")
-        self._tok = Tokenizer.from_file(path)
+        field = "train.dataset.tokenizer"
+        try:
+            with _confined(open_confined, path, roots, field) as f:
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError as e:  # a path in the roots (or unconfined): the user's to know about
+            raise DataError(f"{field}: no tokenizer file at {path!r}") from e
+        self._tok = Tokenizer.from_str(text)
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
@@ -104,8 +127,8 @@ class HFTokenizer:
         return self._tok.decode(ids)
 
 
-def load_tokenizer(spec: DatasetSpec) -> ByteTokenizer | HFTokenizer:
-    return ByteTokenizer() if spec.tokenizer == "bytes" else HFTokenizer(spec.tokenizer)
+def load_tokenizer(spec: DatasetSpec, roots: Sequence[str] = ()) -> ByteTokenizer | HFTokenizer:
+    return ByteTokenizer() if spec.tokenizer == "bytes" else HFTokenizer(spec.tokenizer, roots)
 
 
 @dataclass
@@ -115,11 +138,11 @@ class TokenSplits:
     vocab_size: int
 
 
-def load_tokens(spec: DatasetSpec) -> TokenSplits:
-    """Tokenise the whole corpus; the last `holdout` fraction of each document is held out,
-    so both splits see every kind of text."""
-    tokenizer = load_tokenizer(spec)
-    texts = [t for t in _read_texts(spec) if t]
+def load_tokens(spec: DatasetSpec, roots: Sequence[str] = ()) -> TokenSplits:
+    """Tokenise the whole corpus (its files confined to `roots`, if any); the last `holdout`
+    fraction of each document is held out, so both splits see every kind of text."""
+    tokenizer = load_tokenizer(spec, roots)
+    texts = [t for t in _read_texts(spec, roots) if t]
     if not texts:
         raise DataError("train.dataset.paths: the dataset holds no text")
     if isinstance(tokenizer, ByteTokenizer):
@@ -233,7 +256,7 @@ class TokenLoader:
 def training_data(spec: JobSpec, rank: int, world_size: int) -> tuple[TokenLoader, torch.Tensor]:
     """The job's loader for this rank, and the held-out tokens; DataError naming the field."""
     t = spec.train
-    splits = load_tokens(t.dataset)
+    splits = load_tokens(t.dataset, spec.data.roots)
     if splits.vocab_size > spec.model.vocab_size:
         raise DataError(f"model.vocab_size: {spec.model.vocab_size} is smaller than "
                         f"the tokenizer's vocabulary ({splits.vocab_size})")

@@ -25,6 +25,7 @@ from engine.contract import Event, LogEvent
 from engine.errors import SpecError
 from engine.export import ExportError, checkpoint_buffers, load_hf, model_layout
 from engine.moe.config import MoEConfig
+from engine.runtime.confine import resolve as resolve_confined
 from engine.runtime.spec import JobSpec, parse_spec
 
 
@@ -32,10 +33,9 @@ def load_weights(spec: JobSpec, model: nn.Module, emit: Callable[[Event], None])
     """Load `model.init_from` into `model` (fp32 values into its dtype) and log it; nothing
     without a source. SpecError naming the field for a missing or unusable source,
     ExportError naming each tensor that does not fit."""
-    source = spec.init.init_from
-    if not source:
+    if not spec.init.init_from:
         return
-    loaded = _load(Path(source), spec, model)
+    loaded = _load(_source(spec), spec, model)
     emit(LogEvent(step=0, level="info", message=f"initialised with {loaded}"))
 
 
@@ -72,10 +72,15 @@ def load_optimizer(spec: JobSpec, dp: HasShards) -> None:
     `model.init_optimizer` asks for them (the parameters come again, the same values)."""
     if not spec.init.init_optimizer:
         return
-    with _open(Path(spec.init.init_from)) as reader:
+    with _open(_source(spec)) as reader:
         dp.load_sharded_state(reader.read)
         extras = reader.extras(0)
         dp.adam_step = int(extras.get("train", extras)["adam_step"])  # older: flat extras
+
+
+def _source(spec: JobSpec) -> Path:
+    """`model.init_from` at its real path, refused (SpecError) outside the job's data roots."""
+    return Path(resolve_confined(spec.init.init_from, spec.data.roots, "model.init_from"))
 
 
 def _open(path: Path) -> CheckpointReader:

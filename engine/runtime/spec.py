@@ -126,6 +126,14 @@ class ModelInit:
 
 
 @dataclass
+class DataAccess:
+    """What the job may read (engine.runtime.confine). The platform writes it into the spec it
+    launches; a user's spec never sets it."""
+
+    roots: list[str] = field(default_factory=list)  # empty: any path (the engine's CLI)
+
+
+@dataclass
 class JobSpec:
     name: str
     model: MoEConfig = field(default_factory=MoEConfig)
@@ -133,6 +141,7 @@ class JobSpec:
     train: TrainSpec = field(default_factory=TrainSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     faults: FaultsSpec = field(default_factory=FaultsSpec)
+    data: DataAccess = field(default_factory=DataAccess)
     # the preset the model fields started from, kept so the UI can show it
     preset: str = ""
     # given in the model section, beside the MoEConfig fields (not a field of its own)
@@ -145,6 +154,8 @@ class JobSpec:
         data["model"] = {**({"preset": self.preset} if self.preset else {}), **init,
                          **data["model"]}
         del data["preset"]
+        if not self.data.roots:  # unconfined, as every spec a user writes
+            del data["data"]
         return data
 
 

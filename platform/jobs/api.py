@@ -6,7 +6,6 @@ goes through jobs.steering. Every POST takes an `Idempotency-Key` (jobs.idempote
 
 from __future__ import annotations
 
-import copy
 import json
 
 from django.db import transaction
@@ -36,7 +35,7 @@ from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import calibration, exports, idempotency, proposals
+from jobs import calibration, confinement, exports, idempotency, proposals
 from jobs.errors import (
     BAD_BODY,
     BAD_QUERY,
@@ -189,6 +188,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 errors.update(e.errors)
         if not options.is_valid():
             errors.update({k: " ".join(map(str, v)) for k, v in options.errors.items()})
+        data = confinement.confine(data, request.user, errors)
         try:
             spec = parse_spec(data).to_dict()
         except SpecError as e:
@@ -422,8 +422,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body = CloneBody(data=request.data if isinstance(request.data, dict) else {},
                          context={"job": original})
         body.is_valid(raise_exception=True)
-        spec = copy.deepcopy(original.spec)
-        spec["name"] = body.validated_data["name"]
+        errors: dict[str, str] = {}  # what the clone may read is its caller's, checked again
+        spec = confinement.confine({**original.spec, "name": body.validated_data["name"]},
+                                   request.user, errors)
+        if errors:
+            return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
                            "job.clone", resume_from=body.validated_data["resume_from"],
                            priority=original.priority, original=original.pk)

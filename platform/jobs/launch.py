@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,11 +25,14 @@ import psutil
 from django.conf import settings
 
 from engine.checkpoint.layout import find_latest_good
-from engine.contract import checkpoint_dir
+from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
 from ringside.services import child_env
 
 STDERR_TAIL_LINES = 40
+# an absolute path in an engine message: a slash that starts a word, up to a separator
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"(),:;<>\[\]{}|*?]+")
+SERVER_PATH = "<server path>"
 PR_SET_PDEATHSIG = 1
 
 
@@ -37,8 +41,19 @@ def run_dir(job: Job) -> Path:
 
 
 def checkpoint_folder(job: Job) -> Path | str:
-    """Where the engine keeps the job's disk checkpoints (an `s3://` URL stays a str)."""
-    return checkpoint_dir(job.spec.get("checkpoint", {}).get("dir", ""), run_dir(job))
+    """Where the engine keeps the job's disk checkpoints: the storage the platform assigns,
+    never a folder the spec names (an `s3://` URL under RINGSIDE_STORAGE_URL stays a str)."""
+    if settings.STORAGE_URL:
+        return f"{settings.STORAGE_URL}/{job.pk}/checkpoints"
+    return run_dir(job) / "checkpoints"
+
+
+def engine_spec(job: Job, spec: dict) -> dict:
+    """`spec` as the engine runs it: writing its checkpoints where the platform assigns, and
+    reading only under its owner's data roots (engine.runtime.confine)."""
+    return {**spec, "checkpoint": {**spec.get("checkpoint", {}),
+                                   "dir": str(checkpoint_folder(job))},
+            "data": {"roots": engine_roots(job)}}
 
 
 def resume_point(job: Job) -> Path | str | None:
@@ -92,7 +107,7 @@ def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subpro
     folder = run_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / share.suffix("spec.json")
-    spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    spec_path.write_text(json.dumps(engine_spec(job, spec), indent=2), encoding="utf-8")
     env = child_env()
     if share.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = interface_of(share.address)
@@ -143,5 +158,19 @@ def stderr_path(job: Job, share: HostShare = HostShare()) -> Path:
 
 
 def stderr_tail(job: Job) -> str:
+    """The end of the engine's stderr, as the job's error shows it to its owner."""
     with stderr_path(job).open(encoding="utf-8", errors="replace") as f:
-        return "".join(deque(f, maxlen=STDERR_TAIL_LINES)).strip()
+        return scrub_paths("".join(deque(f, maxlen=STDERR_TAIL_LINES)).strip(), job)
+
+
+def scrub_paths(text: str, job: Job) -> str:
+    """`text` with every absolute path outside the job's own run folder and its owner's
+    uploads replaced by a placeholder: the server's layout (the install, its libraries,
+    other jobs) is not the user's to read."""
+    own = [str(run_dir(job)), str(uploads_dir(job.owner))]
+
+    def replace(found: re.Match) -> str:
+        path = os.path.normpath(found.group())
+        inside = any(os.path.commonpath([path, folder]) == folder for folder in own)
+        return found.group() if inside else SERVER_PATH
+    return ABSOLUTE_PATH.sub(replace, text)

@@ -35,7 +35,7 @@ from engine.ports import free_port
 from engine.runtime.events import BUS_RETRY_S, BusOutage
 from jobs import commands, placement, policy, proposals
 from jobs.dispatch import send_run_part, send_schedule
-from jobs.launch import kill_group, run_dir, start_engine, stderr_tail
+from jobs.launch import kill_group, run_dir, scrub_paths, start_engine, stderr_tail
 from jobs.membership import (
     Peers,
     announce,
@@ -306,7 +306,7 @@ def finish(job: Job, returncode: int, engine: EngineReport) -> None:
             job.mark_paused(f"{engine.reason or 'the engine checkpointed and stopped'}; resume "
                             "continues from there")
         else:
-            reason = _failure(returncode, engine)
+            reason = scrub_paths(_failure(returncode, engine), job)
             if not policy.auto_resume(job, reason):
                 tail = stderr_tail(job)
                 job.fail(f"{reason}\n\n--- engine stderr (tail) ---\n{tail}" if tail else reason)

@@ -1,9 +1,9 @@
 """The API's answers to bodies it will not read, as JSON like its other errors.
 
-A body over DATA_UPLOAD_MAX_MEMORY_SIZE is refused before any view reads it: DRF's parsers
-read the request stream, which Django does not limit, and Django's own check (on `.body`)
-answers with its HTML 400 page. A body of another media type than a view parses is DRF's 415,
-with the type to use added.
+A body over DATA_UPLOAD_MAX_MEMORY_SIZE (an upload: over UPLOAD_MAX_BYTES) is refused before
+any view reads it: DRF's parsers read the request stream, which Django does not limit, and
+Django's own check (on `.body`) answers with its HTML 400 page. A body of another media type
+than a view parses is DRF's 415, with the type to use added.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+FILES_PATH = "/api/files/"  # uploads (jobs.files), limited by UPLOAD_MAX_BYTES instead
+
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     response = drf_exception_handler(exc, context)
@@ -25,8 +27,14 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     return response
 
 
+# room for the multipart framing around an uploaded file of the largest size
+MULTIPART_SLACK_BYTES = 64 << 10
+
+
 def _too_big(request: HttpRequest) -> HttpResponse | None:
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    upload = request.path == FILES_PATH
+    limit = (settings.UPLOAD_MAX_BYTES + MULTIPART_SLACK_BYTES if upload
+             else settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     if limit is None or not request.path.startswith("/api/"):
         return None
     try:
@@ -35,6 +43,9 @@ def _too_big(request: HttpRequest) -> HttpResponse | None:
         length = 0
     if length <= limit:
         return None
+    if upload:  # named as the upload's own check names it (jobs.files)
+        return JsonResponse({"file": [f"over the upload limit of {settings.UPLOAD_MAX_BYTES} "
+                                      "bytes"]}, status=413)
     return JsonResponse({"detail": f"request body over {limit} bytes"}, status=413)
 
 

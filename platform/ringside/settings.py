@@ -6,6 +6,13 @@ REDIS_URL     Celery broker, channel layer and event bus; `manage.py serve` sets
 SECRET_KEY    default: generated once into var/secret_key
 DEBUG         "1"/"true" to enable
 RUNS_DIR      where jobs write their spec, events, logs and checkpoints (default runs/)
+RINGSIDE_STORAGE_URL  an object-store prefix (s3://bucket/ringside) for jobs' checkpoints
+              instead of RUNS_DIR: <url>/<job id>/checkpoints
+RINGSIDE_DATA_ROOTS   comma-separated folders (or object-store prefixes) every user's jobs may
+              read datasets, tokenizers and model.init_from from, besides the user's own
+              uploads (default: the built-in corpus, the Python standard library's source)
+RINGSIDE_UPLOADS_DIR  where uploaded files go, a folder per user (default var/uploads)
+RINGSIDE_UPLOAD_MAX_BYTES  the largest file a user may upload (default 256 MiB)
 NUM_PROXIES   proxies of your own in front of the web server, whose X-Forwarded-For is
               trusted for the client address (default 0)
 THROTTLE_LOGIN  password guesses per client address (default 20/minute)
@@ -24,6 +31,7 @@ HOST_BEAT_S            its beat (default 5 s); HOST_LOST_AFTER_S: lost without o
 import os
 import secrets
 import socket
+import sysconfig
 from pathlib import Path
 
 import dj_database_url
@@ -33,6 +41,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("RINGSIDE_VAR_DIR", REPO_ROOT / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 RUNS_DIR = Path(os.environ.get("RUNS_DIR", REPO_ROOT / "runs")).resolve()
+# what a user's job may read and where it writes (jobs.confinement)
+STORAGE_URL = os.environ.get("RINGSIDE_STORAGE_URL", "").rstrip("/")
+DATA_ROOTS = [root.strip() for root in os.environ.get(
+    "RINGSIDE_DATA_ROOTS", sysconfig.get_paths()["stdlib"]).split(",") if root.strip()]
+UPLOADS_DIR = Path(os.environ.get("RINGSIDE_UPLOADS_DIR", VAR_DIR / "uploads")).resolve()
+UPLOAD_MAX_BYTES = int(os.environ.get("RINGSIDE_UPLOAD_MAX_BYTES", str(256 << 20)))
 
 
 def _env_flag(name: str, default: bool = False) -> bool:

@@ -16,6 +16,7 @@ from jobs.api import (
     TokenView,
     WebhookViewSet,
 )
+from jobs.files import FilesView
 from jobs.tokens import tokens_page
 
 # API names ("job-list", "job-detail", ...) come from the router; pages have their own.
@@ -39,6 +40,7 @@ urlpatterns = [
     path("api/plan/", PlanView.as_view(), name="api-plan"),
     path("api/commands/", CommandRulesView.as_view(), name="api-commands"),
     path("api/audit/", AuditView.as_view(), name="api-audit"),
+    path("api/files/", FilesView.as_view(), name="api-files"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("monitor.urls")),  # telemetry reads: ops, experts
