@@ -104,7 +104,8 @@ def _pattern(pattern: str, user: AbstractBaseUser, field: str, errors: dict[str,
     real_base = _resolved(base, user, field, errors)
     if field in errors:
         return pattern
-    resolved = os.path.join(real_base, os.path.relpath(pattern, base))
+    rest = os.path.relpath(pattern, base)
+    resolved = real_base if rest == "." else os.path.join(real_base, rest)
     try:
         expand(resolved, data_roots(user), field)
     except SpecError as e:

@@ -67,6 +67,7 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     from ringside.celery import app
 
     runs = tmp_path_factory.mktemp("runs")
+    uploads = tmp_path_factory.mktemp("uploads")
     # A queue of our own: no other worker on this Redis (another session's) takes our tasks.
     queue = f"ringside-test-{os.getpid()}-{runs.name}"
     # connections opened by websocket consumers' threads close after use, so the test
@@ -74,6 +75,7 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
     settings.REDIS_URL = platform_redis_url
     settings.RUNS_DIR = runs
+    settings.UPLOADS_DIR = uploads
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [platform_redis_url]
     # the app reads Django's CELERY_* settings (namespace "CELERY"); a prefixed key outranks
     # the plain one (`broker_url`), so the override must use the prefixed name
@@ -82,7 +84,7 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     from channels.layers import channel_layers
 
     channel_layers.backends.clear()
-    yield {"redis_url": platform_redis_url, "runs": runs, "queue": queue}
+    yield {"redis_url": platform_redis_url, "runs": runs, "queue": queue, "uploads": uploads}
 
 
 # This process's PostgreSQL sessions look for a deadlock only after this long; the services'
@@ -126,6 +128,7 @@ def service_env(_platform_settings, django_db_setup, django_db_blocker) -> dict[
         DATABASE_URL=_database_url(connection.settings_dict),
         REDIS_URL=_platform_settings["redis_url"],
         RUNS_DIR=str(_platform_settings["runs"]),
+        RINGSIDE_UPLOADS_DIR=str(_platform_settings["uploads"]),
         CELERY_QUEUE=_platform_settings["queue"],
         WORKER_CONCURRENCY="2",
         JOB_CANCEL_GRACE_S="3",
