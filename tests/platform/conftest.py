@@ -1,7 +1,10 @@
 """Every platform test runs against the session's real services (tests/platform/services.py)."""
 
+import shutil
+
 import pytest
 from channels.layers import channel_layers
+from django.conf import settings
 
 from tests.platform.cluster import host_cluster  # noqa: F401 (a fixture for every platform test)
 
@@ -16,3 +19,11 @@ def _services(_platform_settings):
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_uploads(_services):
+    """Each test's uploaded files its own: user ids come back after a test's rollback."""
+    yield
+    shutil.rmtree(settings.UPLOADS_DIR, ignore_errors=True)
+    settings.UPLOADS_DIR.mkdir()

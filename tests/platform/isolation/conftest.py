@@ -4,22 +4,12 @@ staff, each with an API client of their own."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from rest_framework.test import APIClient
 
 from jobs.models import ApiToken
-
-
-@pytest.fixture(autouse=True)
-def _fresh_uploads():
-    """Each test's uploads its own: user ids come back after a test's rollback."""
-    yield
-    shutil.rmtree(settings.UPLOADS_DIR)
-    settings.UPLOADS_DIR.mkdir()
 
 
 def client_of(user) -> APIClient:
