@@ -104,8 +104,8 @@ def _networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
 
 # Not "*": a Host header of the client's choosing would be trusted in the links the server
 # builds. The default serves `make run` on this machine (and the test client's "testserver",
-# which Django's test setup adds itself).
-ALLOWED_HOSTS = _items(os.environ.get("RINGSIDE_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]"))
+# which Django's test setup adds itself); empty counts as unset.
+ALLOWED_HOSTS = _items(os.environ.get("RINGSIDE_ALLOWED_HOSTS") or "localhost,127.0.0.1,[::1]")
 # the proxies whose X-Forwarded-For / X-Forwarded-Proto are believed: the web server's
 # (services.web_server_command) and the login throttles' (jobs.login.client_address)
 TRUSTED_PROXIES = _networks("RINGSIDE_TRUSTED_PROXIES")
