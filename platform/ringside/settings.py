@@ -259,7 +259,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 
-# Only the login throttle's counters live here. On disk, so that every web process of the
+# Only the login throttles' counters live here. On disk, so that every web process of the
 # host (WEB_PROCESSES of them) counts into the same ones; Django's default, a per-process
 # memory cache, would let each process allow the whole rate.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
@@ -270,7 +270,6 @@ REST_FRAMEWORK = {
         "jobs.permissions.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # password guesses through the API, per client address, counted in the default cache
     # password attempts (jobs.login): per client address and per username, counted in the
     # default cache
     "DEFAULT_THROTTLE_RATES": {
