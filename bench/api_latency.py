@@ -53,7 +53,7 @@ def seed(platform: Platform, jobs: int, users: int) -> dict[str, tuple[str, list
     owners = [platform.user] + [
         get_user_model().objects.create_user(f"{platform.user.username}-{i}")
         for i in range(1, users)]
-    tokens = {u.pk: ApiToken.objects.get_or_create(user=u, name="bench")[0].key for u in owners}
+    tokens = {u.pk: ApiToken.objects.create(user=u, name="bench-latency").key for u in owners}
     spec = platform.job.spec
     rows = Job.objects.bulk_create([
         Job(name=f"run-{i:04d}", owner=owners[i % users], spec=spec, state=STATES[i % 6],

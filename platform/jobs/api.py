@@ -27,8 +27,6 @@ from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
@@ -47,6 +45,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
+from jobs.login import LoginAccountThrottle, LoginAddressThrottle
 from jobs.models import ApiToken, AuditEntry, Export, IllegalTransition, Job, State, Webhook
 from jobs.permissions import request_cause, token_creation_wait, visible_jobs
 from jobs.policy import PlatformPolicy, PolicyError
@@ -538,22 +537,14 @@ class PlanView(APIView):
             for r in rows]}).data)
 
 
-class LoginThrottle(ScopedRateThrottle):
-    """Password guesses per client address, at the `login` rate of DEFAULT_THROTTLE_RATES.
-    DRF's own throttles read the rates once, at import; this one reads them per request, so a
-    changed setting (a test's override) takes effect."""
-
-    def get_rate(self) -> str | None:
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
-
-
 class TokenView(APIView):
-    """Exchange a username and password for an API token (the user's `default` token)."""
+    """Exchange a username and password for a new API token (the user's `default` token; the
+    previous `default` is revoked: see ApiToken.exchange). Throttled per client address and
+    per account (jobs.login)."""
 
     permission_classes = [AllowAny]
     authentication_classes: list = []
-    throttle_classes = [LoginThrottle]
-    throttle_scope = "login"
+    throttle_classes = [LoginAddressThrottle, LoginAccountThrottle]
 
     @extend_schema(
         request=AuthTokenSerializer,
@@ -564,10 +555,9 @@ class TokenView(APIView):
         credentials = AuthTokenSerializer(data=request.data, context={"request": request})
         credentials.is_valid(raise_exception=True)
         user = credentials.validated_data["user"]
-        token = ApiToken.objects.filter(user=user, name="default", revoked__isnull=True).first()
-        if token is None:
-            token = ApiToken.objects.create(user=user, name="default")
-            audit("token.create", user.get_username(), "user", user=user, name="default")
+        token = ApiToken.exchange(user)
+        audit("token.create", user.get_username(), "user", user=user, name=token.name,
+              token=token.pk)
         return Response({"token": token.key})
 
 

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from jobs.models import Export, ExportState, Job
 from monitor.models import Checkpoint
-from ringside.services import child_env, python_module
+from ringside.services import engine_env, python_module
 
 EXPORT_TIMEOUT_S = 3600.0
 
@@ -70,7 +70,7 @@ def export_checkpoint(export_id: int) -> str:
     try:
         done = subprocess.run(
             python_module("engine.export", export.checkpoint.path, export.out_dir),
-            env=child_env(), capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+            env=engine_env(), capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         export.record(ExportState.FAILED, error=f"the export took over {EXPORT_TIMEOUT_S:g} s")
         return export.state

@@ -27,7 +27,7 @@ from django.conf import settings
 from engine.checkpoint.layout import find_latest_good
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
-from ringside.services import child_env
+from ringside.services import engine_env
 
 STDERR_TAIL_LINES = 40
 # an absolute path in an engine message: a slash that starts a word, up to a separator
@@ -108,7 +108,7 @@ def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subpro
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / share.suffix("spec.json")
     spec_path.write_text(json.dumps(engine_spec(job, spec), indent=2), encoding="utf-8")
-    env = child_env()
+    env = engine_env()
     if share.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = interface_of(share.address)
     if share.gpus and share.slots:

@@ -13,6 +13,7 @@ A `Reservation` is one placed host's share of a job: the slots it holds there (j
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -450,13 +451,24 @@ def _new_key() -> str:
     return secrets.token_hex(20)
 
 
+def token_digest(key: str) -> str:
+    """What is stored of an API token's key: its SHA-256. The key is 160 random bits, not a
+    password, so a plain digest is enough to make a copy of the database useless for
+    authenticating (no salt or slow hash needed), and equality lookups stay indexed."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 class ApiToken(models.Model):
-    """A named API token; a user may hold several and revoke each on its own."""
+    """A named API token; a user may hold several and revoke each on its own. Only the
+    digest of its key is stored: the key itself is `key` on the instance that created the
+    token, shown once, and on no instance loaded from the database."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                              related_name="api_tokens")
     name = models.CharField(max_length=64)
-    key = models.CharField(max_length=40, unique=True, default=_new_key)
+    digest = models.CharField(max_length=64, unique=True)
+    key: str | None = None
+    EXCHANGED = "default"  # the name of the token a password exchange issues
     created = models.DateTimeField(auto_now_add=True)
     last_used = models.DateTimeField(null=True, blank=True)
     revoked = models.DateTimeField(null=True, blank=True)
@@ -470,6 +482,23 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked is None
+
+    @classmethod
+    def exchange(cls, user: Any) -> ApiToken:
+        """The token a password exchange (the CLI's `login`) answers with: a new `default`
+        one, the user's earlier `default` revoked. The server cannot hand back a key it
+        does not keep, and replacing it keeps an old login's key from staying valid
+        unnoticed; a second machine or a script takes a named token of its own."""
+        with transaction.atomic():
+            cls.objects.filter(user=user, name=cls.EXCHANGED, revoked__isnull=True).update(
+                revoked=timezone.now())
+            return cls.objects.create(user=user, name=cls.EXCHANGED)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.digest:  # a new token: draw its key
+            self.key = _new_key()
+            self.digest = token_digest(self.key)
+        super().save(*args, **kwargs)
 
     def revoke(self) -> None:
         ApiToken.objects.filter(pk=self.pk, revoked__isnull=True).update(revoked=timezone.now())

@@ -16,7 +16,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from jobs.models import ApiToken, Cause, Job
+from jobs.models import ApiToken, Cause, Job, token_digest
 
 # a token's last_used is written at most this often, so reads do not each cost a write
 LAST_USED_RESOLUTION_S = 60
@@ -33,7 +33,7 @@ def visible_jobs(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Job]:
 def active_token(key: str) -> ApiToken | None:
     """The unrevoked token with this key whose user is active, its last use recorded."""
     token = (ApiToken.objects.select_related("user")
-             .filter(key=key, revoked__isnull=True, user__is_active=True).first())
+             .filter(digest=token_digest(key), revoked__isnull=True, user__is_active=True).first())
     if token is not None:
         now = timezone.now()
         if token.last_used is None or (now - token.last_used).total_seconds() > \

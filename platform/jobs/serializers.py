@@ -510,7 +510,9 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 
 class NewApiTokenSerializer(ApiTokenSerializer):
-    """Only the answer to creating a token shows its key."""
+    """Only the answer to creating a token shows its key (the server keeps only its digest)."""
+
+    key = serializers.CharField(read_only=True, help_text="shown in this answer only")
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "key"]

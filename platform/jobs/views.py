@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.views import LoginView
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
@@ -16,6 +15,7 @@ from engine.anomaly.policy import DEFAULT_LADDERS, LADDER_ACTIONS, FaultPolicy
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.moe.config import PRESETS
 from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
+from jobs.login import LoginView
 from jobs.models import State
 from jobs.permissions import visible_jobs
 
@@ -26,7 +26,7 @@ FORM_PRESETS = ("tiny", "small", "nano")
 def job_list(request: HttpRequest) -> HttpResponse:
     """The home page: the job list, or the login form (200, not a redirect) for a visitor."""
     if not request.user.is_authenticated:
-        return LoginView.as_view(template_name="login.html")(request)
+        return LoginView.as_view()(request)
     return render(request, "jobs/list.html", {"states": State.choices})
 
 

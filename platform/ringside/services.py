@@ -12,9 +12,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# The platform's own secrets among the variables it reads: the web server and the worker
+# (Django processes) need the key and the database, the engine neither (its bus URL comes on
+# its command line), and a training run executes what a user's spec and data make it do.
+PLATFORM_SECRETS = ("SECRET_KEY", "DJANGO_SECRET_KEY", "DATABASE_URL",
+                    "RINGSIDE_ADMIN_PASSWORD", "DJANGO_SUPERUSER_PASSWORD")
 
 
 def child_env(**overrides: str) -> dict[str, str]:
@@ -22,6 +30,15 @@ def child_env(**overrides: str) -> dict[str, str]:
     paths = [str(REPO_ROOT / "platform"), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "DJANGO_SETTINGS_MODULE": "ringside.settings", **overrides}
+
+
+def engine_env(**overrides: str) -> dict[str, str]:
+    """The environment for an engine process (a training run, an export): a child's, without
+    the platform's secrets."""
+    env = child_env(**overrides)
+    for name in PLATFORM_SECRETS:
+        env.pop(name, None)
+    return env
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -77,13 +94,18 @@ def web_processes() -> int:
     return int(os.environ.get("WEB_PROCESSES") or min(4, os.cpu_count() or 1))
 
 
-def web_server_command(host: str, port: int, processes: int) -> list[str]:
+def web_server_command(host: str, port: int, processes: int,
+                       trusted_proxies: Sequence[object] = ()) -> list[str]:
     """The ASGI server (HTTP and websockets) as the platform runs it: uvicorn, with
     `processes` worker processes on one listening socket. Django runs a sync view on one
     thread per process, so one process serves one API request at a time: a second process is
-    what keeps a burst of reads from queueing behind each other."""
+    what keeps a burst of reads from queueing behind each other. It believes X-Forwarded-For
+    and X-Forwarded-Proto only from `trusted_proxies` (settings.TRUSTED_PROXIES; uvicorn's own
+    default believes any local connection, which any account of a shared machine can open)."""
+    proxies = (["--forwarded-allow-ips", ",".join(map(str, trusted_proxies))] if trusted_proxies
+               else ["--no-proxy-headers"])
     return python_module("uvicorn", "ringside.asgi:application", "--host", host,
-                         "--port", str(port), "--workers", str(processes),
+                         "--port", str(port), "--workers", str(processes), *proxies,
                          "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio",
                          "--lifespan", "off", "--no-access-log", "--log-level", "warning")
 

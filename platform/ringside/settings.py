@@ -13,9 +13,12 @@ RINGSIDE_DATA_ROOTS   comma-separated folders (or object-store prefixes) every u
               uploads (default: the built-in corpus, the Python standard library's source)
 RINGSIDE_UPLOADS_DIR  where uploaded files go, a folder per user (default var/uploads)
 RINGSIDE_UPLOAD_MAX_BYTES  the largest file a user may upload (default 256 MiB)
-NUM_PROXIES   proxies of your own in front of the web server, whose X-Forwarded-For is
-              trusted for the client address (default 0)
-THROTTLE_LOGIN  password guesses per client address (default 20/minute)
+RINGSIDE_ALLOWED_HOSTS    host names the server answers to, comma list (default: localhost,
+                          127.0.0.1, [::1]); add the name clients use when serving others
+RINGSIDE_TRUSTED_PROXIES  your proxies' addresses or CIDRs, comma list: only a request from
+                          one of them has its X-Forwarded-For/-Proto believed (default: none)
+THROTTLE_LOGIN          password attempts per client address (default 20/minute)
+THROTTLE_LOGIN_ACCOUNT  password attempts per username, from any address (default 10/minute)
 (WEB_PROCESSES, PORT and HOST are read by `manage.py serve` and `manage.py web`.)
 
 A worker host (`manage.py worker`, hosts.registry):
@@ -28,6 +31,7 @@ WORKER_LABELS          k=v,k=v
 HOST_BEAT_S            its beat (default 5 s); HOST_LOST_AFTER_S: lost without one (30 s)
 """
 
+import ipaddress
 import os
 import secrets
 import socket
@@ -36,6 +40,12 @@ from pathlib import Path
 
 import dj_database_url
 import plotly
+
+# Whatever a platform process creates (the database and its -wal/-shm, var/, runs/ and every
+# job's files, the secret key) is its owner's only: other accounts of a shared machine read
+# none of it. Every platform process (web, worker, beat, manage.py) loads these settings first.
+OWNER_ONLY_UMASK = 0o077
+os.umask(OWNER_ONLY_UMASK)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("RINGSIDE_VAR_DIR", REPO_ROOT / "var"))
@@ -47,6 +57,19 @@ DATA_ROOTS = [root.strip() for root in os.environ.get(
     "RINGSIDE_DATA_ROOTS", sysconfig.get_paths()["stdlib"]).split(",") if root.strip()]
 UPLOADS_DIR = Path(os.environ.get("RINGSIDE_UPLOADS_DIR", VAR_DIR / "uploads")).resolve()
 UPLOAD_MAX_BYTES = int(os.environ.get("RINGSIDE_UPLOAD_MAX_BYTES", str(256 << 20)))
+
+
+def _owner_only(*paths: Path) -> None:
+    """Take group and other permissions off what an older version (or another umask) left
+    readable: folders 0700, files 0600. Only paths this account owns: a folder an operator
+    mounted for us (owned by someone else) keeps the modes they gave it."""
+    for path in paths:
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def _env_flag(name: str, default: bool = False) -> bool:
@@ -69,9 +92,8 @@ def _secret_key() -> str:
     if not path.exists():
         # exclusive create: two processes starting together must agree on one key
         try:
-            with path.open("x") as f:
+            with path.open("x") as f:  # 0600 by the umask, from its first byte on
                 f.write(secrets.token_urlsafe(50))
-            path.chmod(0o600)
         except FileExistsError:
             pass
     return path.read_text().strip()
@@ -79,7 +101,28 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = _env_flag("DEBUG")
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h]
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """An environment variable's comma list of addresses and CIDRs."""
+    try:
+        return tuple(ipaddress.ip_network(item, strict=False)
+                     for item in _items(os.environ.get(name, "")))
+    except ValueError as e:
+        raise ValueError(f"{name}: expected addresses or CIDRs, comma-separated ({e})") from None
+
+
+# Not "*": a Host header of the client's choosing would be trusted in the links the server
+# builds. The default serves `make run` on this machine (and the test client's "testserver",
+# which Django's test setup adds itself); empty counts as unset.
+ALLOWED_HOSTS = _items(os.environ.get("RINGSIDE_ALLOWED_HOSTS") or "localhost,127.0.0.1,[::1]")
+# the proxies whose X-Forwarded-For / X-Forwarded-Proto are believed: the web server's
+# (services.web_server_command) and the login throttles' (jobs.login.client_address)
+TRUSTED_PROXIES = _networks("RINGSIDE_TRUSTED_PROXIES")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
@@ -146,6 +189,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    _owner_only(*(Path(f"{name}{suffix}") for name in (DATABASES["default"]["NAME"],
+                                                       DATABASES["default"]["TEST"]["NAME"])
+                  for suffix in ("", "-wal", "-shm")))
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # A pool, not persistent connections: under ASGI each request runs its view in a thread of
     # its own, and a persistent connection stays open with its dead thread until collected (20
@@ -154,6 +200,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+_owner_only(VAR_DIR, RUNS_DIR, VAR_DIR / "secret_key")
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -226,7 +273,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 
-# Only the login throttle's counters live here. On disk, so that every web process of the
+# Only the login throttles' counters live here. On disk, so that every web process of the
 # host (WEB_PROCESSES of them) counts into the same ones; Django's default, a per-process
 # memory cache, would let each process allow the whole rate.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
@@ -237,12 +284,16 @@ REST_FRAMEWORK = {
         "jobs.permissions.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # password guesses through the API, per client address, counted in the default cache
-    "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("THROTTLE_LOGIN", "20/minute")},
-    # the client address is the connection's (after the web server's own handling of a proxy
-    # on this host); DRF's default, None, took any X-Forwarded-For a client chose to send,
-    # and a new one per guess escaped the throttle. Behind N proxies of your own, set N.
-    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
+    # password attempts (jobs.login): per client address and per username, counted in the
+    # default cache
+    "DEFAULT_THROTTLE_RATES": {
+        "login": os.environ.get("THROTTLE_LOGIN", "20/minute"),
+        "login_account": os.environ.get("THROTTLE_LOGIN_ACCOUNT", "10/minute"),
+    },
+    # any other throttle's client address is the connection's: DRF's default, None, took any
+    # X-Forwarded-For a client chose to send. The login throttles believe the header from
+    # TRUSTED_PROXIES only (jobs.login.client_address).
+    "NUM_PROXIES": 0,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",

@@ -17,6 +17,7 @@ from jobs.api import (
     WebhookViewSet,
 )
 from jobs.files import FilesView
+from jobs.login import LoginView
 from jobs.tokens import tokens_page
 
 # API names ("job-list", "job-detail", ...) come from the router; pages have their own.
@@ -32,7 +33,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job-page"),
     path("compare/", views.compare, name="compare"),
     path("hosts/", hosts_page, name="hosts"),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("tokens/", tokens_page, name="tokens"),

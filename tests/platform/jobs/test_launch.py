@@ -1,16 +1,38 @@
-"""The job's error shows no server path outside the job's own run folder and its owner's
-uploads (jobs.launch.scrub_paths)."""
+"""The engine's launcher: it runs with the environment it needs and none of the platform's
+secrets (a training run executes what a user's spec and data make it do), and the job's error
+shows no server path outside the job's own run folder and its owner's uploads."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 from django.conf import settings
 
 from jobs.confinement import uploads_dir
-from jobs.launch import SERVER_PATH, run_dir, scrub_paths
+from jobs.launch import SERVER_PATH, kill_group, run_dir, scrub_paths, start_engine
 from jobs.models import Job
+from ringside.services import PLATFORM_SECRETS
 
 pytestmark = pytest.mark.django_db
+
+
+def test_the_engine_gets_no_secret_key_admin_password_or_database_url(
+        user, small_spec, monkeypatch):
+    for name in PLATFORM_SECRETS:
+        monkeypatch.setenv(name, f"secret-{name}")
+    job = Job.objects.create(name="env", owner=user, spec=small_spec)
+    proc = start_engine(job, job.spec)
+    try:
+        # Popen returns once the launcher has exec'd: this is the environment it runs with
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            names = {item.split(b"=", 1)[0].decode() for item in f.read().split(b"\0") if item}
+    finally:
+        kill_group(proc, signal.SIGKILL)
+        proc.wait()
+    assert not names & set(PLATFORM_SECRETS)
+    assert {"PATH", "PYTHONPATH"} <= names  # what it does need is still there
+
 
 
 def test_paths_outside_the_jobs_own_folders_are_replaced(user, small_spec):

@@ -1,13 +1,10 @@
 """Who may see and steer what, over every endpoint the OpenAPI schema documents: another
 user's job is 404 everywhere and stays untouched, anonymous clients get 401, staff see and
 steer every job, a revoked token stops working at once (API and websockets), session-cookie
-websockets are owner-checked, API POSTs on a session need the CSRF token, login is throttled,
-and the audit log names who did what."""
+websockets are owner-checked, API POSTs on a session need the CSRF token, and the audit log
+names who did what (the login throttles: test_login.py)."""
 
 import functools
-import http.client
-import json
-import random
 
 import pytest
 from channels.db import database_sync_to_async
@@ -15,7 +12,6 @@ from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
-from rest_framework.settings import api_settings
 from rest_framework.test import APIClient
 
 from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
@@ -157,10 +153,7 @@ def test_a_token_from_the_token_exchange_authenticates_until_it_is_revoked(user,
     script = APIClient()
     script.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     assert [j["id"] for j in script.get("/api/jobs/").json()["results"]] == [mine.pk]
-    # asking again gives the same `default` token rather than piling up new ones
-    assert anonymous.post("/api/auth/token/", credentials, format="json").json()["token"] == key
-
-    default = ApiToken.objects.get(key=key)
+    default = ApiToken.objects.get(user=user, name="default", revoked__isnull=True)
     assert script.delete(f"/api/tokens/{default.pk}/").status_code == 204
     revoked = script.get("/api/jobs/")
     assert revoked.status_code == 401
@@ -169,6 +162,27 @@ def test_a_token_from_the_token_exchange_authenticates_until_it_is_revoked(user,
     assert fresh != key
     script.credentials(HTTP_AUTHORIZATION=f"Token {fresh}")
     assert script.get("/api/jobs/").status_code == 200
+
+
+def test_logging_in_again_issues_a_new_key_and_revokes_the_last_login(user):
+    """The server keeps only digests, so it cannot answer with the key it issued before: a
+    new `default` token replaces the previous one, which stops working at once; named tokens
+    stay."""
+    named = client_with_token(ApiToken.objects.create(user=user, name="ci"))
+    credentials = {"username": "ada", "password": "pw-ada-123"}
+    first, second = (APIClient().post("/api/auth/token/", credentials, format="json")
+                     .json()["token"] for _ in range(2))
+    assert first != second
+    statuses = {}
+    for key in (first, second):
+        script = APIClient()
+        script.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        statuses[key] = script.get("/api/jobs/").status_code
+    assert statuses == {first: 401, second: 200}
+    assert named.get("/api/jobs/").status_code == 200
+    listed = named.get("/api/tokens/").json()["results"]
+    assert sorted((t["name"], t["revoked"] is None) for t in listed) == [
+        ("ci", True), ("default", False), ("default", True)]
 
 
 def test_revoking_one_token_leaves_the_others_working(user):
@@ -212,49 +226,6 @@ def test_a_session_needs_the_csrf_token_to_post_and_a_token_does_not(user, small
     script.credentials(HTTP_AUTHORIZATION="Token " + ApiToken.objects.create(
         user=user, name="script").key)
     assert script.post(f"/api/jobs/{job.pk}/cancel/").status_code == 202
-
-
-def test_login_is_throttled_per_client_address_at_the_configured_rate(user, settings):
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "DEFAULT_THROTTLE_RATES": {"login": "3/minute"}}
-    guesses = [APIClient().post("/api/auth/token/", {"username": "ada", "password": f"g{i}"},
-                                format="json") for i in range(4)]
-    assert [r.status_code for r in guesses] == [400, 400, 400, 429]
-    assert 0 < int(guesses[-1]["Retry-After"]) <= 60
-    # even the right password waits: the limit is on attempts, not on failures
-    right = {"username": "ada", "password": "pw-ada-123"}
-    assert APIClient().post("/api/auth/token/", right, format="json").status_code == 429
-    elsewhere = APIClient(REMOTE_ADDR="10.0.0.7")
-    assert elsewhere.post("/api/auth/token/", right, format="json").status_code == 200
-
-
-def test_a_forwarded_for_header_of_the_clients_choosing_does_not_escape_the_throttle(
-        user, settings):
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "DEFAULT_THROTTLE_RATES": {"login": "3/minute"}}
-    guesses = [APIClient(HTTP_X_FORWARDED_FOR=f"198.51.100.{i}").post(
-        "/api/auth/token/", {"username": "ada", "password": f"g{i}"}, format="json")
-        for i in range(4)]
-    assert [r.status_code for r in guesses] == [400, 400, 400, 429]
-
-
-def test_the_login_throttle_holds_across_the_web_processes(live_server_url):
-    """The real server as `serve` runs it (WEB_PROCESSES worker processes; each new connection
-    goes to whichever accepts it first): the rate holds for the host, not for each process."""
-    rate = int(api_settings.DEFAULT_THROTTLE_RATES["login"].split("/")[0])
-    port = int(live_server_url.rsplit(":", 1)[1])
-    # an address of loopback's own 127/8, so no other test's guesses count against this one
-    address = "127." + ".".join(str(random.randrange(2, 255)) for _ in range(3))
-    body = json.dumps({"username": "nobody", "password": "wrong"})
-    statuses = []
-    for _ in range(rate + 1):
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30,
-                                                source_address=(address, 0))
-        connection.request("POST", "/api/auth/token/", body,
-                           headers={"Content-Type": "application/json"})
-        statuses.append(connection.getresponse().status)
-        connection.close()
-    assert statuses == [400] * rate + [429]
 
 
 def test_the_audit_log_lists_control_actions_newest_first_with_actor_and_cause(

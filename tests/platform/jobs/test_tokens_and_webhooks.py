@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from engine.contract import parse_event
 from engine.ports import free_port
-from jobs.models import ApiToken, AuditEntry, Job, Webhook
+from jobs.models import ApiToken, AuditEntry, Job, Webhook, token_digest
 from jobs.tasks import Supervisor
 
 pytestmark = pytest.mark.django_db
@@ -37,6 +37,10 @@ def test_a_new_token_shows_its_key_once_and_authenticates(api):
     listed = api.get("/api/tokens/").json()["results"]
     assert {t["name"] for t in listed} == {"ci runner", "test"}
     assert all("key" not in t for t in listed)
+    # the database holds the key's digest and nothing from which the key can be read back
+    stored = ApiToken.objects.filter(name="ci runner").values().get()
+    assert stored["digest"] == token_digest(body["key"])
+    assert not any(body["key"] in str(value) for value in stored.values())
 
 
 @pytest.mark.parametrize("name", ["", "x" * 65])
@@ -81,7 +85,7 @@ def test_the_token_page_creates_a_token_shows_its_key_once_and_revokes_it(browse
     assert b"laptop" in again.content and key.encode() not in again.content
     assert b"active" in again.content
 
-    token = ApiToken.objects.get(key=key)
+    token = ApiToken.objects.get(digest=token_digest(key))
     revoked = browser.post("/tokens/", {"revoke": token.pk,
                                         "csrfmiddlewaretoken": csrf_token(again)}, follow=True)
     assert "Token “laptop” revoked." in revoked.content.decode()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken, Job, token_digest
 
 pytestmark = pytest.mark.django_db
 
@@ -15,10 +15,11 @@ def test_a_new_token_redirects_and_its_key_is_shown_once(client, user):
     client.force_login(user)
     created = client.post("/tokens/", {"name": "laptop"})
     assert created.status_code == 302 and created["Location"] == "/tokens/"
-    token = ApiToken.objects.get(user=user, name="laptop")
     shown = client.get("/tokens/").content.decode()
-    assert f'<code id="new-token">{token.key}</code>' in shown and 'id="copy-token"' in shown
-    assert token.key not in client.get("/tokens/").content.decode()  # once only
+    key = re.search(r'<code id="new-token">([0-9a-f]{40})</code>', shown)[1]
+    assert 'id="copy-token"' in shown
+    assert ApiToken.objects.get(user=user, name="laptop").digest == token_digest(key)
+    assert key not in client.get("/tokens/").content.decode()  # once only
     assert ApiToken.objects.filter(user=user).count() == 1
 
 

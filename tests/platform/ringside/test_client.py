@@ -24,7 +24,7 @@ import pytest
 from websockets.exceptions import ConnectionClosedError
 
 from engine.contract import STRATEGIES
-from jobs.models import ApiToken, Cause, Command, Job, State
+from jobs.models import ApiToken, Cause, Command, Job, State, token_digest
 from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, config
 from ringside.client.cli import main
@@ -292,7 +292,8 @@ def test_login_asks_the_password_once_and_stores_the_token_for_this_user_only(
     path = config.credentials_path()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     stored = json.loads(path.read_text())
-    assert ApiToken.objects.get(key=stored["tokens"][live_server_url]).user == user
+    key = stored["tokens"][live_server_url]
+    assert ApiToken.objects.get(digest=token_digest(key)).user == user
     assert ringside("jobs", "list").code == 0  # the stored server and token are used
 
     monkeypatch.setenv("RINGSIDE_TOKEN", "not-a-token")  # the environment outranks the file

@@ -111,7 +111,8 @@ class Command(BaseCommand):
             children.append(redis_child)
             self.log(f"embedded Redis on {redis_url}")
         env = child_env(REDIS_URL=redis_url)
-        web = Child("web", web_server_command(host, port, web_processes()), env)
+        web = Child("web", web_server_command(host, port, web_processes(),
+                                              settings.TRUSTED_PROXIES), env)
         # this machine as a worker host (hosts app): the Celery worker runs in that process
         worker = Child("worker", [sys.executable, str(REPO_ROOT / "manage.py"), "worker"], env)
         # the periodic reaper (jobs.tasks.reap) that requeues jobs whose supervisor was lost

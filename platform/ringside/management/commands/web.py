@@ -2,6 +2,7 @@
 
 import os
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from ringside.services import (
@@ -19,5 +20,5 @@ class Command(BaseCommand):
         add_web_address_arguments(parser)
 
     def handle(self, *args, host: str, port: int, **options) -> None:
-        argv = web_server_command(host, port, web_processes())
+        argv = web_server_command(host, port, web_processes(), settings.TRUSTED_PROXIES)
         os.execve(argv[0], argv, child_env())
