@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from ipaddress import ip_network
+
 import pytest
 
 from jobs.models import Job
+from tests.platform.jobs.receiver import Receiver
 
 
 @pytest.fixture
@@ -14,3 +17,29 @@ def running(user, small_spec) -> Job:
     job.start(supervisor="test")
     job.mark_running()
     return job
+
+
+@pytest.fixture
+def loopback_allowed(settings):
+    """The operator allows loopback receivers (RINGSIDE_WEBHOOK_ALLOW): the tests' own listen
+    there."""
+    settings.RINGSIDE_WEBHOOK_ALLOW = (ip_network("127.0.0.0/8"),)
+
+
+@pytest.fixture
+def celery_eager():
+    """Celery tasks queued by this process run in it at once, their retries too (without the
+    countdown): Celery's own eager mode."""
+    from ringside.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def receiver(loopback_allowed):
+    """A receiver on loopback, which the operator allowed."""
+    server = Receiver()
+    yield server
+    server.close()

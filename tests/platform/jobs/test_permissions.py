@@ -258,7 +258,7 @@ def test_the_login_throttle_holds_across_the_web_processes(live_server_url):
 
 
 def test_the_audit_log_lists_control_actions_newest_first_with_actor_and_cause(
-        api, user, other_user, staff, small_spec):
+        api, user, other_user, staff, small_spec, loopback_allowed):
     created = api.post("/api/jobs/", small_spec, format="json").json()
     api.post(f"/api/jobs/{created['id']}/cancel/")
     api.post("/api/tokens/", {"name": "ci"}, format="json")
