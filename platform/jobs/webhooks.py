@@ -66,15 +66,16 @@ def notify(job: Job, event: str, data: dict[str, Any] | None = None) -> int:
     if not hooks:
         return 0
     body = json.dumps(payload(job, event, data or {}))
-    queued = 0
-    for hook_id in hooks:
+    for queued, hook_id in enumerate(hooks):
         try:
             deliver.delay(hook_id, event, body)
-            queued += 1
-        except OperationalError as e:  # the broker is down: a notification is best effort
-            log.warning("webhook %s: the %s delivery could not be queued (%s)", hook_id,
-                        event, e)
-    return queued
+        except OperationalError as e:
+            # the broker is down: notifications are best effort, and each further try would
+            # hold the supervisor as long again
+            log.warning("job %s: %s not queued for %d webhooks (%s)", job.pk, event,
+                        len(hooks) - queued, e)
+            return queued
+    return len(hooks)
 
 
 @shared_task(bind=True, name="jobs.webhooks.deliver")

@@ -43,3 +43,25 @@ def receiver(loopback_allowed):
     server = Receiver()
     yield server
     server.close()
+
+
+@pytest.fixture
+def broker_down():
+    """This process's Celery producer pointed at a port nothing listens on, as when Redis is
+    down; yields a function that brings the broker back."""
+    from engine.ports import free_port
+    from ringside.celery import app
+
+    working = app.conf.CELERY_BROKER_URL
+
+    def point_at(url: str) -> None:
+        app.conf.CELERY_BROKER_URL = url
+        # drop the connection and producer pools, which hold connections to the old URL (as
+        # app.close() would; it also unregisters the app, and a shared task imported after
+        # that was never registered on it: `jobs.tasks.reap` was NotRegistered)
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    point_at(f"redis://127.0.0.1:{free_port()}/0")
+    yield lambda: point_at(working)
+    point_at(working)

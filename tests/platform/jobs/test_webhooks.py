@@ -189,3 +189,10 @@ def test_notify_queues_the_deliveries_and_sends_nothing_itself(user, running,
 
 def test_notify_without_webhooks_queues_nothing(user, small_spec):
     assert notify(Job.objects.create(name="quiet", owner=user, spec=small_spec), "x") == 0
+
+
+def test_notify_with_the_broker_down_queues_nothing_and_returns(user, running, broker_down,
+                                                                loopback_allowed):
+    for port in (1, 2, 3):
+        hook_at(user, f"http://127.0.0.1:{port}/")
+    assert notify(running, "anomaly") == 0
