@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.db import transaction
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -600,11 +601,18 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Des
 @extend_schema_view(
     list=extend_schema(responses={200: WebhookSerializer(many=True), 401: UNAUTHENTICATED}),
     create=extend_schema(request=WebhookSerializer, responses={
-        201: NewWebhookSerializer, 400: FIELD_ERRORS, 401: UNAUTHENTICATED},
+        201: NewWebhookSerializer, 400: FIELD_ERRORS, 401: UNAUTHENTICATED, 429: DETAIL},
         description="Notifications for one of your jobs (`job`) or all of them: a signed JSON "
         "POST per event (`anomaly`, `policy.pause`, `policy.resume`, `job.paused`, "
         "`job.completed`, `job.failed`, `job.cancelled`). Header `X-Ringside-Signature: "
-        "sha256=<HMAC-SHA256 of the body under the secret>`; the secret is in this answer only."),
+        "sha256=<HMAC-SHA256 of the body under the secret>`; the secret is in this answer only. "
+        "`url`: http(s) to a public address (no loopback, private, link-local, multicast or "
+        "reserved one, unless the operator allows it); checked again at each delivery, and "
+        "redirects are not followed. A delivery is retried with backoff while the receiver is "
+        "unreachable or answers 5xx; `last_status`: `delivered`, `refused by the receiver "
+        "(HTTP <code>)`, `unreachable`, or `refused: not a public address` (the host resolved "
+        "to one at delivery: nothing was sent). 429: at most RINGSIDE_WEBHOOKS_PER_USER "
+        "webhooks per user."),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class WebhookViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
@@ -621,7 +629,11 @@ class WebhookViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Dest
     def create(self, request: Request) -> Response:
         body = WebhookSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        hook = body.save(owner=request.user)
+        with transaction.atomic():
+            if not Webhook.room_for(request.user):
+                raise Throttled(detail=f"at most {settings.RINGSIDE_WEBHOOKS_PER_USER} webhooks "
+                                "per user: delete one to add another")
+            hook = body.save(owner=request.user)
         # the entry belongs to the hook's job, when it has one (and so to the job's owner)
         audit("webhook.create", actor(request), request_cause(request), user=request.user,
               job=hook.job, url=hook.url)

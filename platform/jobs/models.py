@@ -564,6 +564,14 @@ class Webhook(models.Model):
         ordering = ["id"]
 
     @classmethod
+    def room_for(cls, owner: models.Model) -> bool:
+        """Whether `owner` may add a webhook (under RINGSIDE_WEBHOOKS_PER_USER). Call it in the
+        transaction that adds it: the owner's row stays locked until then, so two requests at
+        once cannot both take the last place."""
+        type(owner).objects.select_for_update().get(pk=owner.pk)
+        return cls.objects.filter(owner=owner).count() < settings.RINGSIDE_WEBHOOKS_PER_USER
+
+    @classmethod
     def for_job(cls, job: Job) -> models.QuerySet[Webhook]:
         return cls.objects.filter(owner_id=job.owner_id).filter(
             models.Q(job=job) | models.Q(job__isnull=True))

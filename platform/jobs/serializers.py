@@ -42,6 +42,7 @@ from jobs.models import (
     Webhook,
 )
 from monitor.models import Action, Anomaly, Checkpoint
+from ringside.addresses import Refused, reachable
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -528,6 +529,18 @@ class WebhookSerializer(serializers.ModelSerializer):
         model = Webhook
         fields = ["id", "url", "job", "created", "last_status"]
         read_only_fields = ["id", "created", "last_status"]
+        extra_kwargs = {
+            "url": {"help_text": "http(s) to a public address (or one the operator allows)"},
+            "last_status": {"help_text": 'how the last delivery went: "delivered", "refused by '
+                            'the receiver (HTTP <code>)", "unreachable" or "refused: not a '
+                            'public address" (the host resolved to one when it was sent)'}}
+
+    def validate_url(self, url: str) -> str:
+        try:
+            reachable(url)
+        except Refused as e:
+            raise serializers.ValidationError(str(e)) from e
+        return url
 
     def validate_job(self, job: Job | None) -> Job | None:
         from jobs.permissions import visible_jobs

@@ -2,9 +2,15 @@
 
 The body is signed with HMAC-SHA256 under the webhook's secret; the receiver recomputes
 `sha256=<hex>` over the raw body and compares it with the `X-Ringside-Signature` header
-(`verify` does exactly that). `X-Ringside-Event` names the event. Delivery is best effort with
-a short timeout: a dead receiver must never stall a job's supervisor; how each delivery went is
-kept on the webhook (`last_status`).
+(`verify` does exactly that). `X-Ringside-Event` names the event.
+
+`notify` only queues one `deliver` task per webhook: a slow or dead receiver never stalls a
+job's supervisor. Each attempt checks the URL again (ringside.addresses: its host resolved now,
+every address public or in the operator's allow-list) and connects to an address it checked,
+with the URL's name in the Host header and for TLS; redirects are not followed. An unreachable
+receiver, or one answering 5xx or 429, gets up to WEBHOOK_ATTEMPTS attempts with exponential
+backoff. `last_status` says how the last attempt went, in words that tell nothing about the
+network behind the URL: DELIVERED, `refused_by_receiver(code)`, UNREACHABLE or NOT_PUBLIC.
 """
 
 from __future__ import annotations
@@ -14,18 +20,29 @@ import hmac
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+import httpx
+from celery import shared_task
 from django.conf import settings
+from kombu.exceptions import OperationalError
 
 from jobs.models import Job, Webhook
+from ringside import addresses
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Ringside-Signature"
 EVENT_HEADER = "X-Ringside-Event"
+DELIVERED = "delivered"
+UNREACHABLE = "unreachable"
+NOT_PUBLIC = f"refused: {addresses.NOT_PUBLIC}"
+# answers worth another attempt: the receiver's trouble, not a refusal of the request
+RETRIED_STATUSES = {408, 429}
+
+
+def refused_by_receiver(code: int) -> str:
+    return f"refused by the receiver (HTTP {code})"
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -43,27 +60,74 @@ def payload(job: Job, event: str, data: dict[str, Any]) -> dict[str, Any]:
             "data": data}
 
 
-def deliver(hook: Webhook, event: str, body: bytes) -> str:
-    """POST one signed body; returns how it went (also stored on the webhook)."""
-    request = urllib.request.Request(hook.url, data=body, method="POST", headers={
-        "Content-Type": "application/json", EVENT_HEADER: event,
-        SIGNATURE_HEADER: sign(hook.secret, body), "User-Agent": "Ringside-Webhook/1"})
-    try:
-        with urllib.request.urlopen(request, timeout=settings.WEBHOOK_TIMEOUT_S) as response:
-            outcome = f"{response.status} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
-    except (urllib.error.URLError, OSError) as e:
-        outcome = f"failed: {e}"[:200]
-        log.warning("webhook %s (%s): %s", hook.pk, hook.url, outcome)
-    Webhook.objects.filter(pk=hook.pk).update(last_status=outcome)
+def notify(job: Job, event: str, data: dict[str, Any] | None = None) -> int:
+    """Queue `event` about `job` for each of its webhooks; returns how many were queued."""
+    hooks = list(Webhook.for_job(job).values_list("pk", flat=True))
+    if not hooks:
+        return 0
+    body = json.dumps(payload(job, event, data or {}))
+    for queued, hook_id in enumerate(hooks):
+        try:
+            deliver.delay(hook_id, event, body)
+        except OperationalError as e:
+            # the broker is down: notifications are best effort, and each further try would
+            # hold the supervisor as long again
+            log.warning("job %s: %s not queued for %d webhooks (%s)", job.pk, event,
+                        len(hooks) - queued, e)
+            return queued
+    return len(hooks)
+
+
+@shared_task(bind=True, name="jobs.webhooks.deliver")
+def deliver(self, hook_id: int, event: str, body: str) -> str:
+    """One attempt at POSTing the signed `body` to webhook `hook_id`, retried with backoff
+    while another may go better; returns how it went (also kept as the hook's last_status)."""
+    hook = Webhook.objects.filter(pk=hook_id).first()
+    if hook is None:
+        return "gone"  # deleted since the event
+    outcome, again = attempt(hook, event, body.encode())
+    Webhook.objects.filter(pk=hook_id).update(last_status=outcome)
+    if again and self.request.retries + 1 < settings.WEBHOOK_ATTEMPTS:
+        raise self.retry(countdown=settings.WEBHOOK_RETRY_S * 2 ** self.request.retries,
+                         max_retries=settings.WEBHOOK_ATTEMPTS - 1)
     return outcome
 
 
-def notify(job: Job, event: str, data: dict[str, Any] | None = None) -> int:
-    """Send `event` about `job` to each of its webhooks; returns how many were tried."""
-    hooks = list(Webhook.for_job(job))
-    if not hooks:
-        return 0
-    body = json.dumps(payload(job, event, data or {})).encode()
-    for hook in hooks:
-        deliver(hook, event, body)
-    return len(hooks)
+def attempt(hook: Webhook, event: str, body: bytes) -> tuple[str, bool]:
+    """POST once to an address of the hook's URL checked just now; (how it went, whether
+    another attempt may go better)."""
+    try:
+        target = addresses.reachable(hook.url)
+    except addresses.Unresolved:
+        return UNREACHABLE, True
+    except addresses.Refused:
+        log.warning("webhook %s: %s is not a public address now; not sent", hook.pk, hook.url)
+        return NOT_PUBLIC, False
+    headers = {"Content-Type": "application/json", EVENT_HEADER: event,
+               SIGNATURE_HEADER: sign(hook.secret, body), "User-Agent": "Ringside-Webhook/1",
+               "Host": target.host_header}
+    # trust_env off: no proxy from the environment stands between us and the checked address
+    with httpx.Client(timeout=settings.WEBHOOK_TIMEOUT_S, follow_redirects=False,
+                      trust_env=False) as client:
+        for address in target.addresses:
+            try:
+                code = _post(client, target, address, headers, body)
+            except httpx.ConnectError as e:  # nothing sent: the next address may answer
+                log.warning("webhook %s: %s: %s", hook.pk, address, e)
+                continue
+            except httpx.HTTPError as e:
+                log.warning("webhook %s: %s: %s", hook.pk, address, e)
+                return UNREACHABLE, True
+            if 200 <= code < 300:
+                return DELIVERED, False
+            return refused_by_receiver(code), code >= 500 or code in RETRIED_STATUSES
+    return UNREACHABLE, True
+
+
+def _post(client: httpx.Client, target: addresses.Target, address: addresses.Address,
+          headers: dict[str, str], body: bytes) -> int:
+    """The status of one POST to `address`; the answer's body is never read."""
+    extensions = {"sni_hostname": target.server_name} if target.server_name else {}
+    with client.stream("POST", target.url_for(address), content=body, headers=headers,
+                       extensions=extensions) as response:
+        return response.status_code

@@ -85,6 +85,15 @@ def _labels(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in (item.split("=", 1) for item in items)}
 
 
+def _networks(name: str, text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated list of CIDRs (empty: none)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        return tuple(ipaddress.ip_network(item, strict=False) for item in items)
+    except ValueError as e:
+        raise ValueError(f"{name}: expected CIDRs such as 10.0.0.0/8,fd00::/8 ({e})") from e
+
+
 def _secret_key() -> str:
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
@@ -222,9 +231,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
 CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "2"))
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
-# task modules other than the apps' `tasks` (which autodiscovery finds): the export and the
-# planner's host calibration
-CELERY_IMPORTS = ["jobs.exports", "jobs.calibration"]
+# task modules other than the apps' `tasks` (which autodiscovery finds): the export, the
+# planner's host calibration and webhook deliveries
+CELERY_IMPORTS = ["jobs.exports", "jobs.calibration", "jobs.webhooks"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
@@ -272,6 +281,15 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # named API tokens a user may create in any hour (jobs.permissions.token_creation_wait)
 API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
+# Webhook receivers must be public addresses (ringside.addresses), except inside these CIDRs:
+# the operator's own receivers on an internal network
+RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW",
+                                   os.environ.get("RINGSIDE_WEBHOOK_ALLOW", ""))
+RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "20"))
+# a delivery (a Celery task, jobs.webhooks) is tried up to WEBHOOK_ATTEMPTS times while the
+# receiver is unreachable or answers 5xx/429; the n-th retry waits WEBHOOK_RETRY_S * 2**(n-1)
+WEBHOOK_ATTEMPTS = int(os.environ.get("WEBHOOK_ATTEMPTS", "4"))
+WEBHOOK_RETRY_S = float(os.environ.get("WEBHOOK_RETRY_S", "10"))
 
 # Only the login throttles' counters live here. On disk, so that every web process of the
 # host (WEB_PROCESSES of them) counts into the same ones; Django's default, a per-process

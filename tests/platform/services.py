@@ -176,7 +176,9 @@ def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.P
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     # a beat a second: a transactional test's flush deletes the host's row, and its next beat
     # registers it again (hosts.registry.beat), before the next test places a job
-    env = {**service_env, "RINGSIDE_HOST_NAME": WORKER_HOST, "HOST_BEAT_S": "1"}
+    # the tests' webhook receivers listen on loopback, which the operator must allow
+    env = {**service_env, "RINGSIDE_HOST_NAME": WORKER_HOST, "HOST_BEAT_S": "1",
+           "RINGSIDE_WEBHOOK_ALLOW": "127.0.0.0/8"}
     WORKER_STARTED.append(WORKER_HOST)
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],

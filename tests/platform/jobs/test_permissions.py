@@ -229,7 +229,7 @@ def test_a_session_needs_the_csrf_token_to_post_and_a_token_does_not(user, small
 
 
 def test_the_audit_log_lists_control_actions_newest_first_with_actor_and_cause(
-        api, user, other_user, staff, small_spec):
+        api, user, other_user, staff, small_spec, loopback_allowed):
     created = api.post("/api/jobs/", small_spec, format="json").json()
     api.post(f"/api/jobs/{created['id']}/cancel/")
     api.post("/api/tokens/", {"name": "ci"}, format="json")

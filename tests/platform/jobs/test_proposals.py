@@ -9,8 +9,8 @@ from engine.contract import ProposalEvent
 from jobs.models import AuditEntry, Command, Job, State
 from monitor.ingest import store_events
 from monitor.models import Action
+from tests.platform.jobs.receiver import subscribe
 from tests.platform.jobs.test_steering import control_commands
-from tests.platform.jobs.test_tokens_and_webhooks import receiver, subscribe  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +88,7 @@ def spiked(api, small_spec: dict, name: str, **policy) -> int:
 
 
 def test_a_spike_is_proposed_with_a_webhook_and_approving_it_rolls_back(
-        api, celery_worker, small_spec, eventually, receiver):  # noqa: F811
+        api, celery_worker, small_spec, eventually, receiver):
     job_id = spiked(api, small_spec, "approve", approve_timeout_s=120)
     subscribe(api, receiver, "/job", job=job_id)
     eventually(lambda: proposals_of(job_id, "pending"), 120,

@@ -134,26 +134,6 @@ def test_a_warm_paused_job_whose_supervisor_is_lost_stays_paused(user, small_spe
         assert "resume continues from the newest checkpoint" in last.message
 
 
-@pytest.fixture
-def broker_down():
-    """This process's Celery producer pointed at a port nothing listens on, as when Redis is
-    down; yields a function that brings the broker back."""
-    from engine.ports import free_port
-    from ringside.celery import app
-
-    working = app.conf.CELERY_BROKER_URL
-
-    def point_at(url: str) -> None:
-        app.conf.CELERY_BROKER_URL = url
-        # drop the connection and producer pools, which hold connections to the old URL
-        app.close()
-        app.amqp._producer_pool = None
-
-    point_at(f"redis://127.0.0.1:{free_port()}/0")
-    yield lambda: point_at(working)
-    point_at(working)
-
-
 def test_a_job_created_while_the_broker_is_down_is_accepted_and_started_once_it_is_back(
         api, celery_worker, small_spec, broker_down, eventually, settings):
     from jobs.tasks import reap
