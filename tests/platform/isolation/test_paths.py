@@ -112,12 +112,13 @@ def test_a_spec_cannot_set_its_own_data_roots(api):
 
 def test_checkpoint_dir_is_refused_naming_it_and_nothing_is_created(api, other_user, tmp_path):
     bobs = Job.objects.create(name="b", owner=other_user, spec=SMALL_SPEC)
+    runs_before = set(settings.RUNS_DIR.rglob("*"))
     for folder in (str(settings.RUNS_DIR / str(bobs.pk) / "checkpoints"),
                    str(tmp_path / "elsewhere"), "s3://bucket/anywhere"):
         assert errors_of(api, spec_with(checkpoint={"dir": folder})) == {
             "checkpoint.dir": CHECKPOINT_DIR}
     assert not (tmp_path / "elsewhere").exists()
-    assert not (settings.RUNS_DIR / str(bobs.pk)).exists()
+    assert set(settings.RUNS_DIR.rglob("*")) == runs_before
 
 
 def bobs_checkpoint(other_user) -> tuple[Job, Checkpoint]:
