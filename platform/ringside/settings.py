@@ -85,15 +85,6 @@ def _labels(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in (item.split("=", 1) for item in items)}
 
 
-def _networks(name: str, text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """A comma-separated list of CIDRs (empty: none)."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    try:
-        return tuple(ipaddress.ip_network(item, strict=False) for item in items)
-    except ValueError as e:
-        raise ValueError(f"{name}: expected CIDRs such as 10.0.0.0/8,fd00::/8 ({e})") from e
-
-
 def _secret_key() -> str:
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
@@ -283,8 +274,7 @@ API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 # Webhook receivers must be public addresses (ringside.addresses), except inside these CIDRs:
 # the operator's own receivers on an internal network
-RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW",
-                                   os.environ.get("RINGSIDE_WEBHOOK_ALLOW", ""))
+RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW")
 RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "20"))
 # a delivery (a Celery task, jobs.webhooks) is tried up to WEBHOOK_ATTEMPTS times while the
 # receiver is unreachable or answers 5xx/429; the n-th retry waits WEBHOOK_RETRY_S * 2**(n-1)
