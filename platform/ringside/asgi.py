@@ -23,13 +23,13 @@ class SameOriginValidator(OriginValidator):
     """Refuses a websocket opened by a page of another site. A browser sends the session
     cookie with any websocket, whatever page opens it (websockets have no CORS), so without
     this any site its user visits could watch their jobs. Allowed: the page's own origin (the
-    Origin's host is the Host the socket was opened on), the ALLOWED_HOSTS named (not "*",
-    which would allow every site) and CSRF_TRUSTED_ORIGINS; and no Origin at all, which only
-    clients that are not browsers send (the CLI's `websockets` sends none)."""
+    Origin's host and port are the Host the socket was opened on) and the origins named in
+    CSRF_TRUSTED_ORIGINS; and no Origin at all, which only clients that are not browsers send
+    (the CLI's `websockets` sends none). Not the ALLOWED_HOSTS: a name there matches on any
+    port, so a page another local account serves on localhost:<its port> would pass."""
 
     def __init__(self, application) -> None:
-        named = [h for h in settings.ALLOWED_HOSTS if h != "*"]
-        super().__init__(application, named + settings.CSRF_TRUSTED_ORIGINS)
+        super().__init__(application, settings.CSRF_TRUSTED_ORIGINS)
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers", []))

@@ -29,9 +29,11 @@ def test_only_the_sites_own_pages_and_clients_without_origin_may_open_a_socket(
     browser.force_login(user)
     cookie = {"Cookie": f"sessionid={browser.cookies['sessionid'].value}"}
     url = f"ws{live_server_url.removeprefix('http')}/ws/jobs/{job.pk}/"
-    with pytest.raises(InvalidStatus) as refused:
-        connect(url, origin="http://evil.example", additional_headers=cookie, open_timeout=30)
-    assert refused.value.response.status_code == 403
+    # another site, and a page another local account serves on another port of this host
+    for origin in ("http://evil.example", "http://localhost:1", "http://127.0.0.1:1"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, origin=origin, additional_headers=cookie, open_timeout=30)
+        assert refused.value.response.status_code == 403
     with connect(url, origin=live_server_url, additional_headers=cookie, open_timeout=30) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "snapshot"
     token = ApiToken.objects.create(user=user, name="cli")
