@@ -33,6 +33,7 @@ import torch.distributed as dist
 from engine import contract
 from engine.checkpoint import shardfile, store
 from engine.checkpoint.layout import (
+    BLOCK_BYTES,
     FORMAT_VERSION,
     MANIFEST,
     PINNED,
@@ -307,23 +308,37 @@ class Checkpointer:
 
     def _persist(self, job: _Job) -> None:
         """Write the staged file to each tier on a thread of its own while this thread
-        checksums it (the writes and zlib.crc32 release the GIL); commit each tier, memory
-        first, once its file and the checksums are in."""
+        checksums it (the writes and zlib.crc32 release the GIL); each tier's thread commits
+        its checkpoint (and drops the ones retention no longer keeps) once its file and the
+        checksums are in, independently of the other tier."""
         data = memoryview(job.staging.numpy())[: job.nbytes]
-        tiers = [(self.memory_dir, self.memory_keep)] if self.memory_dir is not None else []
+        tiers: list[tuple[str, Location, int]] = []
+        if self.memory_dir is not None:
+            tiers.append(("memory", self.memory_dir, self.memory_keep))
         if job.to_disk:
-            tiers.append((self.directory, self.keep))
-        writes = []
-        for directory, keep in tiers:
+            tiers.append(("disk", self.directory, self.keep))
+        crcs: list[int] = []
+        checksummed = threading.Event()
+
+        def persist_tier(directory: Location, keep: int) -> None:
             step_dir = directory / step_dir_name(job.step)
             store.make_folder(step_dir)
-            file = step_dir / data_file_name(job.save_id, self.rank)
-            writes.append((directory, keep, _Background(store.write_buffer, file, data,
-                                                        job.save_id)))
-        crcs = block_crcs(data)
-        for directory, keep, write in writes:
-            write.result()
-            self._commit(job, crcs, directory, keep)
+            store.write_buffer(step_dir / data_file_name(job.save_id, self.rank), data,
+                               job.save_id)
+            checksummed.wait()
+            if len(crcs) * BLOCK_BYTES >= len(data):  # else the checksumming failed
+                self._commit(job, crcs, directory, keep)
+
+        writes = [_Background(f"{self._thread.name}-{tier}", persist_tier, directory, keep)
+                  for tier, directory, keep in tiers]
+        try:
+            crcs.extend(block_crcs(data))
+        finally:
+            checksummed.set()
+            failures = [w.failure() for w in writes]  # every write ends before the staging
+        for failure in failures:                      # buffer goes back
+            if failure is not None:
+                raise failure
 
     def _commit(self, job: _Job, crcs: list[int], directory: Location, keep: int) -> None:
         """Write this rank's part file; commit the checkpoint if it completes it."""
@@ -350,10 +365,10 @@ class Checkpointer:
 
 
 class _Background(threading.Thread):
-    """`fn(*args)` on its own thread; `result()` waits for it and raises what it raised."""
+    """`fn(*args)` on its own thread; `failure()` waits for it and returns what it raised."""
 
-    def __init__(self, fn: Callable[..., None], *args: Any) -> None:
-        super().__init__(name="checkpoint-disk-write", daemon=True)
+    def __init__(self, name: str, fn: Callable[..., None], *args: Any) -> None:
+        super().__init__(name=name, daemon=True)
         self.fn, self.args = fn, args
         self.error: BaseException | None = None
         self.start()
@@ -361,13 +376,12 @@ class _Background(threading.Thread):
     def run(self) -> None:
         try:
             self.fn(*self.args)
-        except BaseException as e:  # handed to the persist thread by result()
+        except BaseException as e:  # handed to the persist thread by failure()
             self.error = e
 
-    def result(self) -> None:
+    def failure(self) -> BaseException | None:
         self.join()
-        if self.error is not None:
-            raise self.error
+        return self.error
 
 
 def _plan(tensors: ShardedState) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ def test_persisting_runs_on_the_background_thread_and_wait_flushes(tmp_path, mon
     release.set()
     ckpt.wait()
     assert ckpt.pending == 0 and steps_in(tmp_path) == [1]
-    assert set(writers) == {"checkpoint-persist-r0"}
+    assert set(writers) == {"checkpoint-persist-r0-disk"}  # the disk tier's writer
     ckpt.close()
 
 
