@@ -147,9 +147,9 @@ def write_buffer(where: Location, data: memoryview, tmp_tag: str) -> None:
     tmp = where.with_name(f".{where.name}.{tmp_tag}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        direct = _write_direct(tmp, data)
-        for start in range(direct, len(data), _CHUNK):
-            os.pwrite(fd, data[start : start + _CHUNK], start)
+        done = _write_direct(tmp, data)
+        while done < len(data):
+            done += os.pwrite(fd, data[done : done + _CHUNK], done)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -161,8 +161,9 @@ def _write_direct(path: Path, data: memoryview) -> int:
     wrote (0 where O_DIRECT is refused: tmpfs, some network filesystems, an unaligned
     buffer). The caller writes the rest through the page cache and fsyncs."""
     aligned = len(data) // ALIGNMENT * ALIGNMENT
-    address = ctypes.addressof(ctypes.c_char.from_buffer(data)) if not data.readonly else 1
-    if aligned == 0 or address % ALIGNMENT or not hasattr(os, "O_DIRECT"):
+    if aligned == 0 or data.readonly or not hasattr(os, "O_DIRECT"):
+        return 0
+    if ctypes.addressof(ctypes.c_char.from_buffer(data)) % ALIGNMENT:
         return 0
     try:
         fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
