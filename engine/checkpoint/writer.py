@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -30,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 from engine import contract
-from engine.checkpoint import store
+from engine.checkpoint import shardfile, store
 from engine.checkpoint.layout import (
+    BLOCK_BYTES,
     FORMAT_VERSION,
     MANIFEST,
     PINNED,
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
 # ShardedDataParallel.sharded_state() returns; a replicated tensor is (t, 0, t.numel()).
 ShardedState = dict[str, tuple[torch.Tensor, int, int]]
 
-_ALIGN = 64
 _STAGING_BUFFERS = 2
 
 
@@ -183,16 +184,23 @@ class Checkpointer:
             raise CheckpointError("to_disk=False needs a memory tier, but memory_dir is None")
         if extras is None and self.parts:
             extras = {name: part.state_dict() for name, part in self.parts.items()}
-        shards, nbytes = _plan(tensors)
+        shards = _plan(tensors)
         extras_bytes = pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
-        total = nbytes + len(extras_bytes)
+        header, offsets, total = shardfile.layout(
+            {entry["name"]: tensors[entry["name"]][0] for entry in shards}, len(extras_bytes),
+            {"step": str(step), "rank": str(self.rank), "world_size": str(self.world_size),
+             "shards": json.dumps({e["name"]: [e["offset"], e["length"]] for e in shards})},
+        )
         on_gpu = any(t.is_cuda for t, _, _ in tensors.values())
         staging = self._acquire(total, pinned=on_gpu)
+        staging[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
         for entry in shards:
+            entry["byte_offset"] = offsets[entry["name"]]
             source = tensors[entry["name"]][0].detach().reshape(-1)
             end = entry["byte_offset"] + source.numel() * source.element_size()
             staging[entry["byte_offset"] : end].view(source.dtype).copy_(source, non_blocking=True)
-        staging[nbytes:total].copy_(torch.frombuffer(bytearray(extras_bytes), dtype=torch.uint8))
+        extras_at = offsets[shardfile.EXTRAS]
+        staging[extras_at:total].copy_(torch.frombuffer(bytearray(extras_bytes), dtype=torch.uint8))
         if on_gpu:
             torch.cuda.synchronize()
         self.saves += 1
@@ -203,7 +211,7 @@ class Checkpointer:
                 staging=staging,
                 nbytes=total,
                 shards=shards,
-                extras={"byte_offset": nbytes, "nbytes": len(extras_bytes)},
+                extras={"byte_offset": extras_at, "nbytes": len(extras_bytes)},
                 to_disk=to_disk,
                 meta=self.meta,
                 time=time.time(),
@@ -269,7 +277,10 @@ class Checkpointer:
                     self._allocated -= 1
                 if self._allocated < _STAGING_BUFFERS:
                     self._allocated += 1
-                    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+                    raw = torch.empty(nbytes + store.ALIGNMENT, dtype=torch.uint8,
+                                      pin_memory=pinned)
+                    skip = -raw.data_ptr() % store.ALIGNMENT  # for store.write_buffer
+                    return raw[skip : skip + nbytes]
                 self._buffers.wait()
 
     def _release(self, staging: torch.Tensor) -> None:
@@ -296,7 +307,41 @@ class Checkpointer:
         self._jobs.task_done()
 
     def _persist(self, job: _Job) -> None:
+        """Write the staged file to each tier on a thread of its own while this thread
+        checksums it (the writes and zlib.crc32 release the GIL); each tier's thread commits
+        its checkpoint (and drops the ones retention no longer keeps) once its file and the
+        checksums are in, independently of the other tier."""
         data = memoryview(job.staging.numpy())[: job.nbytes]
+        tiers: list[tuple[str, Location, int]] = []
+        if self.memory_dir is not None:
+            tiers.append(("memory", self.memory_dir, self.memory_keep))
+        if job.to_disk:
+            tiers.append(("disk", self.directory, self.keep))
+        crcs: list[int] = []
+        checksummed = threading.Event()
+
+        def persist_tier(directory: Location, keep: int) -> None:
+            step_dir = directory / step_dir_name(job.step)
+            store.make_folder(step_dir)
+            store.write_buffer(step_dir / data_file_name(job.save_id, self.rank), data,
+                               job.save_id)
+            checksummed.wait()
+            if len(crcs) * BLOCK_BYTES >= len(data):  # else the checksumming failed
+                self._commit(job, crcs, directory, keep)
+
+        writes = [_Background(f"{self._thread.name}-{tier}", persist_tier, directory, keep)
+                  for tier, directory, keep in tiers]
+        try:
+            crcs.extend(block_crcs(data))
+        finally:
+            checksummed.set()
+            failures = [w.failure() for w in writes]  # every write ends before the staging
+        for failure in failures:                      # buffer goes back
+            if failure is not None:
+                raise failure
+
+    def _commit(self, job: _Job, crcs: list[int], directory: Location, keep: int) -> None:
+        """Write this rank's part file; commit the checkpoint if it completes it."""
         part = {
             "format": FORMAT_VERSION,
             "step": job.step,
@@ -305,38 +350,51 @@ class Checkpointer:
             "world_size": self.world_size,
             "file": data_file_name(job.save_id, self.rank),
             "nbytes": job.nbytes,
-            "crc32": block_crcs(data),
+            "crc32": crcs,
             "shards": job.shards,
             "extras": job.extras,
             "meta": job.meta,
             "time": job.time,
         }
-        tiers = [(self.memory_dir, self.memory_keep)] if self.memory_dir is not None else []
-        if job.to_disk:
-            tiers.append((self.directory, self.keep))
-        for directory, keep in tiers:
-            step_dir = directory / step_dir_name(job.step)
-            store.make_folder(step_dir)
-            store.write(step_dir / part["file"], [data], job.save_id)
-            store.write(
-                step_dir / part_file_name(job.save_id, self.rank),
-                [json.dumps(part).encode()],
-                job.save_id,
-            )
-            store.sync_folder(step_dir)
-            if _commit_if_complete(step_dir, job.save_id, self.world_size, self.rank):
-                apply_retention(directory, keep, job.step)
+        step_dir = directory / step_dir_name(job.step)
+        store.write(step_dir / part_file_name(job.save_id, self.rank),
+                    [json.dumps(part).encode()], job.save_id)
+        store.sync_folder(step_dir)
+        if _commit_if_complete(step_dir, job.save_id, self.world_size, self.rank):
+            apply_retention(directory, keep, job.step)
 
 
-def _plan(tensors: ShardedState) -> tuple[list[dict[str, Any]], int]:
-    """Check the sharded state and lay its shards out in one buffer (sorted by name)."""
+class _Background(threading.Thread):
+    """`fn(*args)` on its own thread; `failure()` waits for it and returns what it raised."""
+
+    def __init__(self, name: str, fn: Callable[..., None], *args: Any) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn, self.args = fn, args
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as e:  # handed to the persist thread by failure()
+            self.error = e
+
+    def failure(self) -> BaseException | None:
+        self.join()
+        return self.error
+
+
+def _plan(tensors: ShardedState) -> list[dict[str, Any]]:
+    """Check the sharded state; each shard's entry of the part (its byte offset comes from
+    `shardfile.layout`)."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict name -> (shard, offset, length), got {tensors!r}")
-    shards, offset = [], 0
+    shards = []
     for name in sorted(tensors):
         value = tensors[name]
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"tensor names must be non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not name or name == shardfile.EXTRAS:
+            raise ValueError(f"tensor names must be non-empty strings other than "
+                             f"{shardfile.EXTRAS!r}, got {name!r}")
         if not (isinstance(value, tuple) and len(value) == 3):
             raise TypeError(f"tensors[{name!r}] must be (shard, global_offset, global_length)")
         shard, global_offset, length = value
@@ -354,11 +412,9 @@ def _plan(tensors: ShardedState) -> tuple[list[dict[str, Any]], int]:
                 "length": int(length),
                 "offset": int(global_offset),
                 "numel": shard.numel(),
-                "byte_offset": offset,
             }
         )
-        offset += -(-shard.numel() * shard.element_size() // _ALIGN) * _ALIGN
-    return shards, offset
+    return shards
 
 
 def _commit_if_complete(step_dir: Location, save_id: str, world_size: int, rank: int) -> bool:

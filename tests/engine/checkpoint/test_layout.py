@@ -3,7 +3,6 @@ one is passed over for the previous good one, and the loader says which and why.
 
 from __future__ import annotations
 
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ def save_two_ranks(directory: Path, steps: list[int], run_id: str = "run") -> No
 
 
 def data_file(directory: Path, step: int, rank: int) -> Path:
-    return next((directory / f"step-{step:06d}").glob(f"*.rank-{rank:05d}.bin"))
+    return next((directory / f"step-{step:06d}").glob(f"*.rank-{rank:05d}.safetensors"))
 
 
 def test_listing_describes_each_checkpoint(tmp_path):
@@ -44,8 +43,9 @@ def test_listing_describes_each_checkpoint(tmp_path):
     ckpt.save(4, {"w": (torch.zeros(256), 0, 256)})
     ckpt.close()
     (info,) = list_checkpoints(tmp_path)
+    size = data_file(tmp_path, 4, 0).stat().st_size  # the file's bytes, header included
     assert info.describe() == {
-        "step": 4, "path": str(tmp_path / "step-000004"), "size": 1024 + len(pickle.dumps(None)),
+        "step": 4, "path": str(tmp_path / "step-000004"), "size": size,
         "good": True, "problem": "", "pinned": False, "strategy": "GGG", "world_size": 1,
         "meta": {"strategy": "GGG", "nodes": 1},
     }

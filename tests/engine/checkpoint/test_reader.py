@@ -9,6 +9,7 @@ across the nodes of its rail, and N is replicated. One rank of each replica set 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from engine.checkpoint import (
     Checkpointer,
     CheckpointError,
     CorruptCheckpoint,
+    find_latest_good,
     load,
     load_into,
     read_extras,
@@ -27,6 +29,7 @@ from engine.checkpoint.layout import BLOCK_BYTES
 
 torch.set_num_threads(1)
 
+FORMAT_1 = Path(__file__).parent / "data" / "format-1"
 LENGTHS = {"params": 1003, "exp_avg": 1003, "step_scale": 7}
 
 
@@ -148,13 +151,15 @@ def test_loading_reads_only_the_blocks_that_hold_the_wanted_range(tmp_path, monk
     real_preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: reads.append(at) or real_preadv(
         fd, bufs, at))
-    wanted = (length // 2 - 10, 20)  # straddles the two ranks' files: one block from each
+    # straddles the two ranks' files: one block from each (the files start with their
+    # safetensors header, so rank 0's last elements are in its fourth block)
+    wanted = (length // 2 - 10, 20)
     got = load(tmp_path, {"w": [wanted]})["w"][0]
     assert torch.equal(got, full[wanted[0] : wanted[0] + wanted[1]])
-    assert sorted(reads) == [0, 2 * BLOCK_BYTES]
+    assert sorted(reads) == [0, 3 * BLOCK_BYTES]
 
     assert torch.equal(load(tmp_path, {"w": [(0, length)]})["w"][0], full)
-    victim = next(tmp_path.glob("step-000001/*.rank-00001.bin"))
+    victim = next(tmp_path.glob("step-000001/*.rank-00001.safetensors"))
     with open(victim, "r+b") as f:  # a whole block, read straight into the target
         f.seek(BLOCK_BYTES + 5)
         f.write(b"\xff")
@@ -189,3 +194,44 @@ def test_empty_shards_and_any_dtype_round_trip(tmp_path):
     got = load(tmp_path, {name: [(0, len(t))] for name, t in values.items()})
     for name, t in values.items():
         assert_same_bytes(got[name][0], t)
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(4, 2), (1, 3)])
+def test_a_world_saves_and_another_world_loads_every_byte(tmp_path, saved, loaded):
+    full = full_state(8)
+    savers = [Checkpointer(tmp_path, rank=r, world_size=saved, run_id="w", memory_dir=None)
+              for r in range(saved)]
+    for r, ckpt in enumerate(savers):
+        ckpt.save(8, sharded(full, 1, saved, r, GGG, saving=True), {"rank": r})
+    for ckpt in savers:
+        ckpt.close()
+    for rank in range(loaded):
+        targets = sharded({k: torch.empty_like(v) for k, v in full.items()}, 1, loaded, rank, GGG)
+        load_into(tmp_path, targets)
+        for name, (shard, offset, _) in targets.items():
+            assert_same_bytes(shard, full[name][offset : offset + shard.numel()])
+
+
+def test_a_checkpoint_of_the_first_format_still_loads_resharded(tmp_path):
+    """Written by the format-1 writer (raw shard bytes, then the extras): a run resumes from
+    it across the upgrade, checksums checked, into another world size."""
+    shutil.copytree(FORMAT_1, tmp_path / "format-1")
+    directory = tmp_path / "format-1"
+    expected = {"w": torch.arange(100, dtype=torch.float32) / 8,
+                "b": (torch.arange(7) - 3).to(torch.bfloat16)}
+    info, _ = find_latest_good(directory, verify=True)
+    assert info.good and info.step == 7 and info.manifest["format"] == 1
+    for rank in range(3):
+        offset, numel = span(100, 3, rank)
+        target = torch.empty(numel)
+        load_into(directory, {"w": (target, offset, 100)})
+        assert_same_bytes(target, expected["w"][offset : offset + numel])
+    assert_same_bytes(load(directory, {"b": [(0, 7)]})["b"][0], expected["b"])
+    assert [read_extras(directory, r) for r in (0, 1)] == [{"step": 7, "rank": 0},
+                                                            {"step": 7, "rank": 1}]
+    victim = next((directory / "step-000007").glob("*.rank-00001.bin"))
+    data = bytearray(victim.read_bytes())
+    data[8] ^= 0x01
+    victim.write_bytes(data)
+    with pytest.raises(CorruptCheckpoint, match="block 0 fails its checksum"):
+        load(directory, {"w": [(50, 10)]})

@@ -83,7 +83,8 @@ def test_a_save_without_its_manifest_is_no_checkpoint_on_s3(bucket):
     save_ranks(directory, [10], ranks=[0])  # rank 1 never finishes: its parts are all there is
     half = list_checkpoints(directory)[-1]
     assert half.step == 10 and not half.good and "no manifest" in half.problem
-    assert MANIFEST not in sizes(half.path) and "run-000001.rank-00000.bin" in sizes(half.path)
+    assert MANIFEST not in sizes(half.path)
+    assert "run-000001.rank-00000.safetensors" in sizes(half.path)
     newest, skipped = find_latest_good(directory)
     assert newest.step == 5 and [s.step for s in skipped] == [10]
     target = torch.zeros(100)

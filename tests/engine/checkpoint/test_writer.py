@@ -54,7 +54,7 @@ def test_persisting_runs_on_the_background_thread_and_wait_flushes(tmp_path, mon
     release.set()
     ckpt.wait()
     assert ckpt.pending == 0 and steps_in(tmp_path) == [1]
-    assert set(writers) == {"checkpoint-persist-r0"}
+    assert set(writers) == {"checkpoint-persist-r0-disk"}  # the disk tier's writer
     ckpt.close()
 
 
@@ -135,7 +135,7 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     ckpt.save(5, state(2.0), {"timeline": 2})
     ckpt.close()
     assert load(tmp_path, {"w": [(0, 100)]})["w"][0].eq(2.0).all()
-    assert len(list((tmp_path / "step-000005").glob("*.bin"))) == 1
+    assert len(list((tmp_path / "step-000005").glob("*.safetensors"))) == 1
 
 
 def test_committing_a_save_keeps_a_later_save_of_the_same_step_in_flight(tmp_path):
@@ -154,7 +154,7 @@ def test_committing_a_save_keeps_a_later_save_of_the_same_step_in_flight(tmp_pat
     assert info.good and info.manifest["save_id"] == "twice-000002"
     files = sorted(f.name for f in info.path.iterdir())
     assert files == ["MANIFEST.json"] + [f"twice-000002.rank-0000{r}.{ext}"
-                                         for r in (0, 1) for ext in ("bin", "json")]
+                                         for r in (0, 1) for ext in ("json", "safetensors")]
     fast.close()
     slow.close()
 
