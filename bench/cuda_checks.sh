@@ -8,6 +8,7 @@
 #                on copied weights); on a CPU machine they skip naming the reason
 #   moe_layer_*  ling-mini-2.0 and ling-flash-2.0 MoE layers, 8k/16k/32k tokens: ours,
 #                torchtitan's, transformers' and a dense matmul of the same FLOPs, in turns
+#   loss_memory  the chunked cross-entropy vs materialised logits: peak memory and time
 #   moe_model    the ling-mini-2.0-shaped model, as many layers as fit, with the sharded
 #                optimizer, against transformers' Glm4Moe: tokens/s and MFU
 #   timing       per-op timing overhead with CUDA events on the real training loop
@@ -75,6 +76,10 @@ for shape in ling-mini-2.0 ling-flash-2.0; do
   step "moe_layer_$shape" 120 "$out/moe_layer_$shape.json" python3 -m bench.moe_layer \
     --device cuda --rounds 20 --shape "$shape" --profile "$out"
 done
+# the chunked loss against materialised logits at ling-mini's vocabulary and hidden size, 16k
+# tokens: four fresh processes, a few seconds each
+step loss_memory 30 "$out/loss_memory.json" python3 -m bench.loss_memory --device cuda \
+  --tokens 16384 --seq 4096 --hidden 2048 --rounds 3
 step moe_model 100 "$out/moe_model.json" python3 -m bench.moe_model --device cuda --rounds 20 \
   --preset ling-mini-2.0 --ours-optimizer sharded --hf-impls grouped_mm --batch 2 --seq 4096 \
   --profile "$out"

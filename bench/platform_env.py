@@ -175,7 +175,7 @@ def _op_names(num_layers: int, first_dense: int, mtp_layers: int) -> list[str]:
                 f"{prefix}attention.query_norm", f"{prefix}attention_norm", f"{prefix}ffn_norm",
                 *ffn]
 
-    names = ["backward", "checkpoint", "cross_entropy", "data", "fault_agreement", "forward",
+    names = ["backward", "checkpoint", "data", "fault_agreement", "forward",
              "forward_backward", "grad_norm.global", "lm_head", "metrics_all_reduce", "norm",
              "optimizer", "worst_all_reduce"]
     for i in range(num_layers):

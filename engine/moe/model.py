@@ -16,9 +16,8 @@ from torch import nn
 
 from engine.moe.config import MoEConfig
 from engine.moe.dispatch import SlotOrder, routed_experts, sort_slots
+from engine.moe.loss import IGNORE_INDEX, chunk_tokens, linear_cross_entropy
 from engine.moe.router import Router
-
-IGNORE_INDEX = -100
 
 
 @dataclass
@@ -179,17 +178,30 @@ class RoutedExperts(nn.Module):
 
 
 class LMHead(nn.Linear):
-    """The output projection; NormHead divides W by its detached column norm."""
+    """The output projection and its loss; NormHead divides W by its detached column norm.
+
+    Called, it returns the mean cross-entropy against the labels without materialising the
+    logits (engine.moe.loss), so that the head and its loss are one timed op; `chunk_tokens`
+    bounds the fp32 logits held at once. `logits` gives them whole (evaluation, export)."""
 
     def __init__(self, dim: int, vocab_size: int, norm_head: bool):
         super().__init__(dim, vocab_size, bias=False)
         self.norm_head = norm_head
+        self.chunk_tokens = chunk_tokens(vocab_size)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def head_weight(self) -> torch.Tensor:
+        """W, divided by its column norms under NormHead (the gradient flows through)."""
         weight = self.weight
         if self.norm_head:
             weight = weight / (weight.detach().norm(dim=0, keepdim=True) + 1e-7)
-        return F.linear(h, weight)
+        return weight
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.head_weight(),
+                                    labels.reshape(-1), self.chunk_tokens)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.head_weight())
 
 
 class MoE(nn.Module):
@@ -292,7 +304,6 @@ class MoEModel(nn.Module):
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = LMHead(c.hidden_size, c.vocab_size, c.norm_head)
-        self.cross_entropy = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
         self.mtp = nn.ModuleList(MTPLayer(c) for _ in range(c.num_nextn_predict_layers))
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -347,8 +358,8 @@ class MoEModel(nn.Module):
             h, z_loss, aux_loss = layer(h, cos, sin)
             z_losses.append(z_loss)
             aux_losses.append(aux_loss)
-        logits = self.lm_head(self.norm(h))
-        ce = self.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        final = self.norm(h)
+        ce = self.lm_head(final, labels)
         loss = ce
 
         if self.training and len(self.mtp):
@@ -358,15 +369,15 @@ class MoEModel(nn.Module):
                 h, z_loss, aux_loss = mtp(embedded_next, h, cos, sin)
                 z_losses.append(z_loss)
                 aux_losses.append(aux_loss)
-                mtp_logits = self.lm_head(mtp.final_norm(h)).flatten(0, 1).float()
-                mtp_labels = _shift_left(labels, depth, IGNORE_INDEX).flatten()
-                mtp_ce.append(self.cross_entropy(mtp_logits, mtp_labels))
+                mtp_labels = _shift_left(labels, depth, IGNORE_INDEX)
+                mtp_ce.append(self.lm_head(mtp.final_norm(h), mtp_labels))
             loss = loss + c.mtp_loss_scaling_factor * torch.stack(mtp_ce).mean()
         if c.z_loss_coef and z_losses:
             loss = loss + c.z_loss_coef * torch.stack(z_losses).sum()
         if c.aux_loss_coef and aux_losses:
             loss = loss + c.aux_loss_coef * torch.stack(aux_losses).sum()
-        return ModelOutput(loss, ce.detach(), logits if return_logits else None)
+        logits = self.lm_head.logits(final) if return_logits else None
+        return ModelOutput(loss, ce.detach(), logits)
 
     # --- the training loop's interface -----------------------------------------------------
 
