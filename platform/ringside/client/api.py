@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -189,6 +190,16 @@ class Client:
         """The PaRO planner's rows for `preset`, `nodes`, `procs_per_node`, `grad_accum`,
         `collective`, `memory_budget_gb` (each optional)."""
         return self._get("/api/plan/", **query)
+
+    def upload(self, path: Path, name: str | None = None) -> dict[str, Any]:
+        """Upload a file into your folder on the server (a data root of your jobs); the
+        answer's `path` is what a spec names."""
+        with path.open("rb") as f:
+            return self._request("POST", "/api/files/", files={"file": (path.name, f)},
+                                 data={"name": name} if name else {})
+
+    def files(self) -> list[dict[str, Any]]:
+        return self._get("/api/files/")
 
     # -- the websocket -----------------------------------------------------------------------
 

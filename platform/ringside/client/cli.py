@@ -32,7 +32,10 @@ app = typer.Typer(help="Launch, watch and steer Ringside training jobs.",
 jobs = typer.Typer(help="Your jobs: submit, read, steer.", no_args_is_help=True)
 checkpoints = typer.Typer(help="A job's checkpoints.", no_args_is_help=True)
 app.add_typer(jobs, name="jobs")
+files = typer.Typer(help="Your uploaded files: datasets and tokenizers your jobs may read.",
+                    no_args_is_help=True)
 app.add_typer(checkpoints, name="checkpoints")
+app.add_typer(files, name="files")
 
 JobId = Annotated[int, typer.Argument(help="the job's id")]
 FollowOption = Annotated[bool, typer.Option(
@@ -288,6 +291,25 @@ def export(ctx: typer.Context, job_id: JobId,
     s = session(ctx)
     with s.client() as client:
         s.show(client.export_checkpoint(job_id, checkpoint_id), render.fields)
+
+
+@files.command("upload")
+def upload(ctx: typer.Context,
+           path: Annotated[Path, typer.Argument(help="the file", exists=True, dir_okay=False)],
+           name: Annotated[str | None, typer.Option(help="its name on the server (default: "
+                                                    "the file's)")] = None) -> None:
+    """Upload a dataset or tokenizer file; prints the path a spec names."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.upload(path, name), render.fields)
+
+
+@files.command("list")
+def list_files(ctx: typer.Context) -> None:
+    """Your uploaded files."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.files(), render.files)
 
 
 @app.command()

@@ -87,6 +87,13 @@ def checkpoints(console: Console, rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+def files(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = _table("name", "size (MB)", "path (for a spec)")
+    for f in rows:
+        table.add_row(f["name"], f"{f['size'] / 1e6:.1f}", f["path"])
+    console.print(table)
+
+
 def fields(console: Console, answer: dict[str, Any]) -> None:
     """An answer whose shape this client does not know in advance: one row per field."""
     table = _table("field", "value")

@@ -18,6 +18,7 @@ import tomllib
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -261,6 +262,20 @@ def test_refusals_name_their_fields_and_exit_5(ringside, user, small_spec, tmp_p
     assert run.code == 5 and "(the job is running)" in run.err
     assert ringside("jobs", "show", 999_999).code == 5
     assert ringside("plan", "--nodes", 0).err.startswith("error: nodes: ")
+
+
+def test_files_upload_lands_in_the_users_folder_and_a_bad_name_is_refused_naming_it(
+        ringside, user, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello ringside\n" * 10)
+    uploaded = json.loads(ringside("--json", "files", "upload", corpus).out)
+    assert (uploaded["name"], uploaded["size"]) == ("corpus.txt", corpus.stat().st_size)
+    assert Path(uploaded["path"]).read_bytes() == corpus.read_bytes()
+    listed = ringside("files", "list")
+    assert listed.code == 0 and "corpus.txt" in listed.out
+    refused = ringside("files", "upload", corpus, "--name", "../escape.txt")
+    assert refused.code == 5 and "name" in refused.err
+    assert not (Path(uploaded["path"]).parent.parent / "escape.txt").exists()
 
 
 def test_plan_prints_the_planners_table(ringside):
