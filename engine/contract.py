@@ -396,6 +396,32 @@ class ProposalEvent(Event):
     command: str | None = None
 
 
+class RerunCause(StrEnum):
+    """What the fault policy's `rerun` found: trained again on the same data from the same
+    state, the spike came back (the data: the batch is skipped and recorded in a `bad_batch`
+    event) or did not (the step: it goes on with the rerun's result, and the ranks whose
+    results differed are `sdc_suspect` anomalies). The `action` event's `cause`."""
+
+    DATA = "data"
+    STEP = "step"
+
+
+@dataclass(kw_only=True)
+class BadBatchEvent(Event):
+    """A batch that makes a spike again when it is trained on again (the `rerun` rung): its
+    samples, skipped. `samples`: the global sample indices (the loader's stream positions) of
+    the spiking ranks' part of the step; `windows`: the dataset windows they are (tokens
+    window x seq_len onwards); `ranks`: the ranks that trained on them; `evidence`: each
+    rank's loss, first and again."""
+
+    type: ClassVar[str] = "bad_batch"
+    anomaly: str
+    ranks: list
+    samples: list
+    windows: list
+    evidence: dict = field(default_factory=dict)
+
+
 @dataclass(kw_only=True)
 class CheckpointEvent(Event):
     type: ClassVar[str] = "checkpoint"
@@ -430,7 +456,7 @@ class LogEvent(Event):
 EVENT_CLASSES: dict[str, type[Event]] = {
     cls.type: cls for cls in (StateEvent, StepEvent, OpsEvent, ExpertsEvent, AnomalyEvent,
                               ActionEvent, CheckpointEvent, MembershipEvent,
-                              LogEvent, ProposalEvent)
+                              LogEvent, ProposalEvent, BadBatchEvent)
 }
 EVENT_TYPES = tuple(EVENT_CLASSES)
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KINDS = ("nan", "loss_spike", "grad_spike", "throughput_drop", "straggler", "hang",
-         "expert_collapse", "memory_growth", "crash")
+         "expert_collapse", "memory_growth", "crash", "sdc_suspect")
 SEVERITIES = ("warning", "error", "critical")
 
 

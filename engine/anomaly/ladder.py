@@ -20,6 +20,11 @@ rebalance); rollback - load the last good checkpoint and skip the data window si
 exclude - train on while the platform drains the straggler's host and moves the job off it
 (a job on one host restarts instead); restart - restart the ranks from the last checkpoint;
 pause - checkpoint, stop, wait for a person.
+
+rerun (for the anomalies found before the update: loss_spike, nan) trains the step again on
+the same data from the same state: a spike that comes back is the batch's (it is recorded and
+skipped), one that does not is the step's (it goes on with the rerun's result, and the ranks
+whose results differed are `sdc_suspect` anomalies: engine.runtime.rerun).
 """
 
 from __future__ import annotations

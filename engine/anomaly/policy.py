@@ -53,11 +53,14 @@ DEFAULTS: dict[str, dict[str, float]] = {
     # window means of memory rising by more than `min_growth` for `windows` windows in a row
     "memory_growth": {"window": 20, "windows": 5, "min_growth": 0.01},
     "crash": {},
+    # a rank whose loss differed when the `rerun` rung trained its step again on the same data
+    # from the same state (silent data corruption, Megatron's rerun machine); no threshold
+    "sdc_suspect": {},
 }
 
 # weakest to strongest: when several decisions share a step, the loop carries out the last
-ACTIONS = ("observe", "resume", "rebalance", "skip_update", "retry_step", "lr_cut", "checkpoint",
-           "rollback", "reshard", "exclude", "restart", "pause", "cancel")
+ACTIONS = ("observe", "resume", "rebalance", "rerun", "skip_update", "retry_step", "lr_cut",
+           "checkpoint", "rollback", "reshard", "exclude", "restart", "pause", "cancel")
 LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
 
 DEFAULT_LADDERS: dict[str, list[str]] = {
@@ -72,7 +75,12 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
     "memory_growth": ["observe", "checkpoint", "pause"],
     "crash": ["restart", "pause"],
+    # reported for a person to look at; a job on several hosts may `exclude` the suspect's
+    "sdc_suspect": ["observe"],
 }
+# `rerun` trains the step again before its update is applied: it can tell only the anomalies
+# found in the step's own forward-backward (the gradient norm is known once the update is)
+RERUN_KINDS = ("loss_spike", "nan")
 
 _PATH = "faults.policy"
 
@@ -165,6 +173,9 @@ def _action_errors(actions: dict[str, list[str]]) -> dict[str, str]:
                 if action not in LADDER_ACTIONS:
                     errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
                                              f"{', '.join(LADDER_ACTIONS)}")
+                elif action == "rerun" and kind not in RERUN_KINDS:
+                    errors[f"{path}.{i}"] = ("rerun answers only the anomalies found before "
+                                             f"the update: {', '.join(RERUN_KINDS)}")
     return errors
 
 

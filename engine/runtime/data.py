@@ -220,7 +220,23 @@ class TokenLoader:
         """Each rank's samples in micro-step `micro` of a step."""
         return [split_evenly(n, self.grad_accum)[micro] for n in self.shares]
 
-    def _window_index(self, global_index: int) -> int:
+    def first_sample(self, micro: int = 0) -> int:
+        """The global index of this rank's first sample in the next global micro-batch."""
+        return self.position + sum(self.micro_sizes(micro)[: self.rank])
+
+    def step_samples(self, position: int, rank: int) -> list[int]:
+        """The global sample indices rank `rank` trains on in the step that starts at loader
+        position `position` (with the present shares), micro-step by micro-step."""
+        samples = []
+        for micro in range(self.grad_accum):
+            sizes = self.micro_sizes(micro)
+            first = position + sum(sizes[:rank])
+            samples.extend(range(first, first + sizes[rank]))
+            position += sum(sizes)
+        return samples
+
+    def window(self, global_index: int) -> int:
+        """The dataset window (tokens window*seq_len .. +seq_len) of a global sample index."""
         epoch, offset = divmod(global_index, self.windows)
         if self.shuffle and epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -231,10 +247,10 @@ class TokenLoader:
     def next_batch(self, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of the next global micro-batch, micro-step `micro` of its step."""
         sizes = self.micro_sizes(micro)
-        first = self.position + sum(sizes[: self.rank])
+        first = self.first_sample(micro)
         rows = []
         for i in range(first, first + sizes[self.rank]):
-            start = self._window_index(i) * self.seq_len
+            start = self.window(i) * self.seq_len
             rows.append(self.tokens[start : start + self.seq_len + 1])
         self.position += sum(sizes)
         batch = torch.stack(rows)

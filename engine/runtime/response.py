@@ -9,13 +9,15 @@ a person (`faults.policy.approve`) goes through `Approvals.review` first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.anomaly import Decision, FaultManager
-from engine.contract import ActionBy, ActionEvent, AnomalyEvent, Event
+from engine.anomaly import Anomaly, Decision, FaultManager
+from engine.contract import ActionBy, ActionEvent, AnomalyEvent, BadBatchEvent, Event, RerunCause
 from engine.runtime.approvals import Approvals
+from engine.runtime.rerun import Attribution
 
 Emit = Callable[[Event], None]
 
@@ -52,6 +54,15 @@ class Discard(Verdict):
 
 
 @dataclass(frozen=True)
+class Rerun(Verdict):
+    """Train the step again on the same data from the same state (engine.runtime.rerun), then
+    `FaultResponse.settle_rerun` says what follows. `ranks`: those the anomaly was found on
+    (empty: a global signal, every rank)."""
+
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Rollback(Verdict):
     """Drop the gradients, go back to the newest checkpoint before this step and skip the data
     since then."""
@@ -75,6 +86,8 @@ def verdict_for(decision: Decision | None) -> Verdict:
     action = decision.action if decision is not None else "observe"
     if action in ("skip_update", "retry_step"):  # the step number is trained again
         return Discard(decision, step_back=1, rewind_data=action == "retry_step")
+    if action == "rerun":
+        return Rerun(decision)
     if action == "lr_cut":
         return Apply(decision, lr_factor=float(decision.params.get("lr_factor", 0.1)))
     if action == "checkpoint":
@@ -132,7 +145,31 @@ class FaultResponse:
         strongest = decisions[0] if decisions else None
         if self.approvals is not None:
             strongest = self.approvals.review(strongest, anomalies, step, self.faults.now)
-        return verdict_for(strongest)
+        verdict = verdict_for(strongest)
+        if isinstance(verdict, Rerun):
+            ranks = {a.rank for a in anomalies if a.kind == strongest.anomaly}
+            verdict = Rerun(strongest, ranks=tuple(sorted(ranks - {None})))
+        return verdict
+
+    def settle_rerun(self, verdict: Rerun, found: Attribution, samples: list[int],
+                     windows: list[int]) -> Verdict:
+        """What follows a rerun: the data's fault skips the batch (`samples`, the spiking
+        ranks' part of the step, and their dataset `windows`) and records it; the step's goes
+        on with the rerun's result. Every rank whose result differed is an `sdc_suspect`,
+        which joins the next step's anomalies (and the ladder's decisions)."""
+        assert verdict.decision is not None
+        decision = dataclasses.replace(
+            verdict.decision, params={**verdict.decision.params, **found.details()})
+        for rank in found.differed:
+            self.faults.report(Anomaly("sdc_suspect", "error", decision.step, rank, {
+                "rerun_step": decision.step, "loss": found.first[rank],
+                "rerun_loss": found.again[rank]}))
+        if found.cause is RerunCause.STEP:
+            return Apply(decision)
+        self.emit(BadBatchEvent(step=decision.step, anomaly=decision.anomaly,
+                                ranks=found.spiking, samples=samples, windows=windows,
+                                evidence={"loss": found.first, "rerun_loss": found.again}))
+        return Discard(decision, step_back=1)
 
     def rebalanced(self, step: int, shares: list[int], reason: str) -> None:
         """Publish a change of the ranks' shares that the rebalancer made on its own."""

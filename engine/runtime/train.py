@@ -33,10 +33,12 @@ from engine.runtime.distributed import init_distributed, local_world_size, param
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
 from engine.runtime.init_from import load_optimizer, load_weights
+from engine.runtime.rerun import RngState, attribute, gather_losses, restore_rng, rng_state
 from engine.runtime.response import (
     Apply,
     Discard,
     FaultResponse,
+    Rerun,
     Restart,
     RestartRequested,
     Rollback,
@@ -159,12 +161,14 @@ class Trainer:
         self.injector.crash_point(s.step)
         self.model.set_step(s.step)
         self.model.reset_routing_counts()
-        position, shares = self.loader.position, self.loader.shares
+        position, shares, rng = self.loader.position, self.loader.shares, rng_state(self.device)
         ce = self.forward_backward()
         # the first collective after the forward-backward: where faster ranks wait for a
         # straggler, so it is timed as a collective (untimed waits would look like compute)
         with self.telemetry.all_reduce_span("fault_agreement", nbytes=16):
             verdict = self.response.judge(s.step, float(ce))
+        if isinstance(verdict, Rerun):
+            verdict, ce = self._rerun(verdict, ce, position, rng)
         if not isinstance(verdict, Apply):
             self._drop_update(verdict, position)
             return None
@@ -185,7 +189,9 @@ class Trainer:
         loader, ce = self.loader, torch.zeros((), device=self.device)
         for micro in range(self.spec.train.grad_accum):
             with self.timer.op("data", kind="data"):
+                first = loader.first_sample(micro)
                 input_ids, labels = loader.next_batch(micro)
+                labels = self.injector.corrupt_batch(self.state.step, first, labels)
             samples = len(input_ids)
             with self.timer.op("forward_backward", kind="compute"), \
                     self.injector.slowdown(self.state.step, lambda: self.timer.op("slow_rank")):
@@ -195,6 +201,22 @@ class Trainer:
                 self.injector.hang_point(self.state.step)
             ce += output.ce_loss.detach() * (samples / loader.shares[self.rank])
         return ce
+
+    def _rerun(self, verdict: Rerun, ce: torch.Tensor, position: int,
+               rng: RngState) -> tuple[Verdict, torch.Tensor]:
+        """Train the step's micro-batches again from the same state (its parameters, RNG and
+        data) and tell a bad batch from a bad step (engine.runtime.rerun): the verdict that
+        follows and the loss the step goes on with, the rerun's."""
+        self.dp.discard()
+        self.loader.position = position
+        restore_rng(rng, self.device)
+        self.model.reset_routing_counts()
+        again = self.forward_backward()
+        found = attribute(*gather_losses(float(ce), float(again)),
+                          verdict.ranks or range(self.world_size))
+        samples = [i for rank in found.spiking for i in self.loader.step_samples(position, rank)]
+        windows = [self.loader.window(i) for i in samples]
+        return self.response.settle_rerun(verdict, found, samples, windows), again
 
     def _drop_update(self, verdict: Verdict, position: int) -> None:
         """Carry out a verdict that drops this step's gradients: the one place where the step
