@@ -1,6 +1,7 @@
 """REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`, served by the jobs
-API through `metrics_payload`), per-op timing (`jobs/<id>/ops/`, `jobs/<id>/ops/history/`)
-and expert load (`jobs/<id>/experts/`); the goodput ledger's schema (`jobs/<id>/goodput/`,
+API through `metrics_payload`), per-op timing (`jobs/<id>/ops/`, `jobs/<id>/ops/history/`),
+expert load (`jobs/<id>/experts/`) and the batches the fault policy found bad
+(`jobs/<id>/bad-batches/`); the goodput ledger's schema (`jobs/<id>/goodput/`,
 served by the jobs API), the per-user summary over a time range (`goodput/`) and the goodput
 as Prometheus gauges (`goodput/metrics/`). Query
 parameters are validated; a bad one answers 400 naming it. Another user's job answers 404, as
@@ -23,11 +24,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine.contract import BadBatchEvent
 from engine.xputimer.prometheus import CONTENT_TYPE, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
 from monitor import goodput
+from monitor.models import Event
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -171,6 +174,34 @@ class ExpertsView(JobTelemetryView):
         q = _valid(WindowQuery, request.query_params)
         return Response({"samples": expert_history(job.pk, q.get("from"), q.get("to"),
                                                    q["max_points"])})
+
+
+MAX_BAD_BATCHES = 1000  # the newest; a run that finds more has a corpus to clean first
+
+
+class BadBatchesView(JobTelemetryView):
+    @extend_schema(
+        responses={200: inline_serializer("BadBatches", {"bad_batches": serializers.ListField(
+            child=inline_serializer("BadBatch", {
+                "step": serializers.IntegerField(), "seq": serializers.IntegerField(),
+                "anomaly": serializers.CharField(help_text="the kind that was rerun"),
+                "ranks": serializers.ListField(child=serializers.IntegerField()),
+                "samples": serializers.ListField(child=serializers.IntegerField(), help_text=(
+                    "global sample indices: the loader's positions in the training stream")),
+                "windows": serializers.ListField(child=serializers.IntegerField(), help_text=(
+                    "the dataset windows they are: tokens window x seq_len onwards")),
+                "evidence": serializers.DictField(),
+            }))}), **ERRORS},
+        description="The batches the fault policy's `rerun` found to cause a spike (it came "
+                    f"back on the same data) and skipped, oldest first (the newest "
+                    f"{MAX_BAD_BATCHES}).")
+    def get(self, request: Request, job_id: int) -> Response:
+        job = self.job(request, job_id)
+        rows = Event.objects.filter(job=job, type=BadBatchEvent.type).order_by("-seq")
+        fields = ("step", "seq", "anomaly", "ranks", "samples", "windows", "evidence")
+        return Response({"bad_batches": [
+            {name: data.get(name) for name in fields}
+            for data in reversed(rows[:MAX_BAD_BATCHES].values_list("data", flat=True))]})
 
 
 CAUSE_SECONDS = inline_serializer("GoodputCause", {

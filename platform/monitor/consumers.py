@@ -3,8 +3,9 @@
 `/ws/jobs/<id>/`: every message is JSON with `type` and `seq`. First a `snapshot` (`seq` =
 `last_seq`, the newest stored event; `state`, `spec`, `job`; `series`, downsampled with the
 min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `actions`,
-`checkpoints`, `memberships` and `proposals` events), then the events as published (`step`,
-`ops`, `experts`, `anomaly`, `action`, `checkpoint`, `membership`, `proposal`, `state`, `log`),
+`checkpoints`, `memberships`, `bad_batches` and `proposals` events), then the events as
+published (`step`, `ops`, `experts`, `anomaly`, `action`, `checkpoint`, `membership`,
+`bad_batch`, `proposal`, `state`, `log`),
 in sequence order, and `{"type": "job", ...}` when the platform moves the job's state. The
 snapshot's `goodput` is the job's goodput ledger (monitor.goodput), and a `{"type": "goodput",
 "goodput": ...}` message brings it again after every stored batch of events and every state
@@ -252,6 +253,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                 "actions": newest("action"),
                 "checkpoints": newest("checkpoint"),
                 "memberships": newest("membership"),
+                "bad_batches": newest("bad_batch"),
                 "proposals": newest("proposal"),
                 "goodput": goodput.current(job.pk),
             }

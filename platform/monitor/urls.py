@@ -4,6 +4,7 @@ API's)."""
 from django.urls import path
 
 from monitor.api import (
+    BadBatchesView,
     ExpertsView,
     GoodputMetricsView,
     GoodputSummaryView,
@@ -15,6 +16,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/ops/", OpsView.as_view(), name="job-ops"),
     path("jobs/<int:job_id>/ops/history/", OpsHistoryView.as_view(), name="job-ops-history"),
     path("jobs/<int:job_id>/experts/", ExpertsView.as_view(), name="job-experts"),
+    path("jobs/<int:job_id>/bad-batches/", BadBatchesView.as_view(), name="job-bad-batches"),
     path("goodput/", GoodputSummaryView.as_view(), name="goodput-summary"),
     path("goodput/metrics/", GoodputMetricsView.as_view(), name="goodput-metrics"),
 ]

@@ -19,6 +19,7 @@ from engine.contract import (
     EVENT_TYPES,
     ActionEvent,
     AnomalyEvent,
+    BadBatchEvent,
     CheckpointEvent,
     Command,
     CommandKind,
@@ -38,7 +39,7 @@ from engine.contract import (
 )
 
 # event types added after DESIGN.md was written; the README lists them
-BEYOND_DESIGN = ("membership", "proposal")
+BEYOND_DESIGN = ("membership", "proposal", "bad_batch")
 DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
 
 # one event of every type, as the engine emits it
@@ -61,6 +62,8 @@ SAMPLES = [
     LogEvent(step=10, level="info", message="resumed", details={"trace": "t.json"}),
     MembershipEvent(step=40, hosts_before=["a", "b"], hosts_after=["a"], world_size=2,
                     reason="host b lost"),
+    BadBatchEvent(step=30, anomaly="loss_spike", ranks=[1], samples=[118, 119],
+                  windows=[5120, 77], evidence={"loss": [3.1, 8.6], "rerun_loss": [3.1, 8.6]}),
     ProposalEvent(step=9, id="p-9-1", status="pending", action="rollback", anomaly="loss_spike",
                   deadline=1.7e9, default="proposed", hold=True, evidence={"z": 7.1}),
 ]

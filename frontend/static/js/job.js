@@ -27,7 +27,7 @@ let step = Number($("step").textContent);
 const rate = []; // [engine time (s), step] of recent step events, for the ETA
 
 // What the markers and the feed show, each list in sequence order, unique by seq.
-const marks = { anomalies: [], actions: [], checkpoints: [], memberships: [] };
+const marks = { anomalies: [], actions: [], checkpoints: [], memberships: [], bad_batches: [] };
 function remember(kind, event) {
   const list = marks[kind];
   if (event.seq !== undefined && list.some((e) => e.seq === event.seq)) return false;
@@ -161,11 +161,16 @@ function feedItem(kind, e) {
                     e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
                     Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")],
     action: () => [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
-                   e.reason ?? "", e.error ?? "", sharesText(e.shares)],
+                   e.reason ?? "", e.error ?? "", sharesText(e.shares),
+                   e.cause ? `cause: the ${e.cause}` : ""],
     membership: () => [`hosts ${e.hosts_before.join(", ")} → ${e.hosts_after.join(", ")}`,
                        `${e.world_size} ranks`, e.reason],
+    // a batch the rerun found bad and skipped: where it is in the data
+    bad_batch: () => [`for ${e.anomaly}`, `rank ${e.ranks.join(", ")}`,
+                      `samples ${e.samples.join(", ")}`, `dataset windows ${e.windows.join(", ")}`],
   }[kind]();
-  const tag = { anomaly: e.kind, action: e.action, membership: "membership" }[kind];
+  const tag = { anomaly: e.kind, action: e.action, membership: "membership",
+                bad_batch: "bad_batch" }[kind];
   return el("li", { class: `feed-${kind}`, dataset: { kind: tag, step: e.step, seq: e.seq } },
     el("span", { class: "feed-step" }, `step ${e.step}`), " ",
     el("span", { class: `tag tag-${kind}` }, kind), " ", text.filter(Boolean).join(" · "));
@@ -200,7 +205,7 @@ function onStep(event) {
 // `live`: an event as it happens, not one of the snapshot's (whose series are current).
 function onMark(kind, event, live = true) {
   const key = { anomaly: "anomalies", action: "actions", checkpoint: "checkpoints",
-                membership: "memberships" }[kind];
+                membership: "memberships", bad_batch: "bad_batches" }[kind];
   if (!remember(key, event)) return;
   if (kind !== "checkpoint") addFeed(kind, event);
   if (live && ["action", "membership"].includes(kind)) shares.update();
@@ -224,6 +229,7 @@ function onSnapshot(message) {
   for (const e of message.anomalies ?? []) onMark("anomaly", e, false);
   for (const e of message.actions ?? []) onMark("action", e, false);
   for (const e of message.memberships ?? []) onMark("membership", e, false);
+  for (const e of message.bad_batches ?? []) onMark("bad_batch", e, false);
   for (const e of message.checkpoints ?? []) remember("checkpoints", e);
   for (const e of message.proposals ?? []) proposals.add(e);
   charts.load(message.series);
@@ -257,7 +263,7 @@ function onMessage(message) {
     case "experts": telemetry.addExperts(message); break;
     case "goodput": goodput.show(message.goodput); break;
     case "proposal": proposals.add(message); break;
-    case "anomaly": case "action": case "checkpoint": case "membership":
+    case "anomaly": case "action": case "checkpoint": case "membership": case "bad_batch":
       onMark(message.type, message);
       break;
     case "job":

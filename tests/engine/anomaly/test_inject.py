@@ -82,3 +82,17 @@ def test_crash_exits_the_process_at_its_step():
         p.join(30)
     assert survivor.exitcode == 0
     assert crasher.exitcode == INJECTED_CRASH_EXIT_CODE
+
+
+def test_a_bad_batch_is_scrambled_whenever_its_data_comes_again_and_after_a_restart(tmp_path):
+    injections = [FaultInjection("bad_batch", step=4, rank=1)]
+    labels = torch.tensor([[10, 200, 3]])
+    target = FaultInjector(injections, rank=1, state_dir=tmp_path)
+    assert torch.equal(target.corrupt_batch(3, 8, labels), labels)
+    bad = target.corrupt_batch(4, 12, labels)
+    assert bad.tolist() == [[138, 72, 131]]
+    assert torch.equal(target.corrupt_batch(4, 12, labels), bad)  # the same data: again
+    assert torch.equal(target.corrupt_batch(4, 16, labels), labels)  # the step's next data
+    assert torch.equal(FaultInjector(injections, 0).corrupt_batch(4, 12, labels), labels)
+    restarted = FaultInjector(injections, rank=1, state_dir=tmp_path)
+    assert torch.equal(restarted.corrupt_batch(9, 12, labels), bad)

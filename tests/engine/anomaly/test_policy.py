@@ -19,7 +19,7 @@ from engine.anomaly.policy import (
 from engine.errors import SpecError
 
 KINDS_LIST = ("nan, loss_spike, grad_spike, throughput_drop, straggler, hang, expert_collapse, "
-              "memory_growth, crash")
+              "memory_growth, crash, sdc_suspect")
 
 
 def test_the_default_policy_is_valid_and_in_force_as_the_defaults():
@@ -59,6 +59,13 @@ def test_every_bad_ladder_is_named_with_why():
         "faults.policy.actions.nan.1": f"unknown action 'reboot'; valid: {valid}",
         "faults.policy.actions.nan.2": f"unknown action 'resume'; valid: {valid}",
     }
+
+
+def test_rerun_answers_only_what_is_found_before_the_update():
+    assert policy_errors(FaultPolicy(actions={"loss_spike": ["rerun"], "nan": ["rerun"]})) == {}
+    assert policy_errors(FaultPolicy(actions={"grad_spike": ["rerun", "skip_update"]})) == {
+        "faults.policy.actions.grad_spike.0": ("rerun answers only the anomalies found before "
+                                               "the update: loss_spike, nan")}
 
 
 def test_the_hang_timeout_must_be_positive_and_restarts_not_negative():

@@ -142,3 +142,21 @@ def test_shares_that_cannot_split_the_step_are_refused_naming_why(shares, error)
     with pytest.raises(ValueError, match=re.escape(error)):
         loader.set_shares(shares)
     assert loader.shares == [4, 4]
+
+
+def test_a_steps_samples_per_rank_are_those_its_batches_hold():
+    tokens = torch.arange(4000)
+    loaders = [TokenLoader(tokens, 8, 2, rank, 2, seed=1, grad_accum=2) for rank in (0, 1)]
+    loaders[0].set_shares([3, 5])
+    loaders[1].set_shares([3, 5])
+    for loader in loaders:
+        loader.position = 16
+    for rank, loader in enumerate(loaders):
+        samples = loader.step_samples(16, rank)
+        firsts = [loader.first_sample(micro) for micro in range(2)]
+        batches = [loader.next_batch(micro)[0] for micro in range(2)]
+        windows = [row[0].item() // 8 for batch in batches for row in batch]
+        assert [loader.window(i) for i in samples] == windows
+        assert firsts[0] == samples[0]
+    assert sorted(loaders[0].step_samples(16, 0) + loaders[1].step_samples(16, 1)) == list(
+        range(16, 24))

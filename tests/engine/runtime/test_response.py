@@ -5,12 +5,14 @@ import dataclasses
 
 import pytest
 
-from engine.anomaly import ACTIONS, Anomaly, Decision
-from engine.contract import ActionEvent, AnomalyEvent
+from engine.anomaly import ACTIONS, Anomaly, Decision, FaultManager
+from engine.contract import ActionEvent, AnomalyEvent, BadBatchEvent
+from engine.runtime.rerun import attribute
 from engine.runtime.response import (
     Apply,
     Discard,
     FaultResponse,
+    Rerun,
     Restart,
     Rollback,
     Stop,
@@ -24,6 +26,7 @@ def decision(action: str, **params) -> Decision:
 
 EXPECTED = {
     "observe": Apply(),
+    "rerun": Rerun(),  # FaultResponse.settle_rerun says what follows it
     "skip_update": Discard(step_back=1, rewind_data=False),
     "retry_step": Discard(step_back=1, rewind_data=True),
     "lr_cut": Apply(lr_factor=0.25),
@@ -113,3 +116,38 @@ def test_each_completed_steps_signals_are_judged_once():
     assert second == {"loss": 2.0, "grad_norm": None, "tokens_per_s": None,
                       "memory_bytes": None, "aggregate": None, "experts": None}
     assert not response.found
+
+
+def test_a_rerun_names_the_ranks_its_anomaly_was_found_on():
+    spikes = [Anomaly("loss_spike", "warning", 7, rank=r) for r in (3, 1)]
+    rerun = decision("rerun")
+    response = FaultResponse(FakeFaults(spikes, [rerun]), lambda event: None)
+    assert response.judge(7, local_loss=30.0) == Rerun(rerun, ranks=(1, 3))
+
+
+def test_a_rerun_that_blames_the_data_records_the_batch_and_skips_it():
+    events = []
+    faults = FaultManager()
+    response = FaultResponse(faults, events.append)
+    rerun = Rerun(decision("rerun"), ranks=(1,))
+    verdict = response.settle_rerun(rerun, attribute([3.0, 9.0], [3.0, 9.0], [1]),
+                                    samples=[6, 7], windows=[40, 12])
+    assert isinstance(verdict, Discard) and verdict.step_back == 1 and not verdict.rewind_data
+    assert verdict.decision.params["cause"] == "data"
+    assert events == [BadBatchEvent(step=7, anomaly="loss_spike", ranks=[1], samples=[6, 7],
+                                    windows=[40, 12],
+                                    evidence={"loss": [3.0, 9.0], "rerun_loss": [3.0, 9.0]})]
+    assert faults.step(8) == ([], [])  # nobody's result differed: no suspect
+
+
+def test_a_rerun_that_blames_the_step_applies_it_and_reports_the_suspect():
+    events = []
+    faults = FaultManager()
+    response = FaultResponse(faults, events.append)
+    verdict = response.settle_rerun(Rerun(decision("rerun"), ranks=(1,)),
+                                    attribute([3.0, 90.0], [3.0, 9.0], [1]), [6, 7], [40, 12])
+    assert isinstance(verdict, Apply) and verdict.decision.params["differed_ranks"] == [1]
+    assert events == []  # no bad batch
+    (suspect,), (observed,) = faults.step(8)  # the next step's agreement and ladder
+    assert (suspect.kind, suspect.rank, suspect.evidence["rerun_loss"]) == ("sdc_suspect", 1, 9.0)
+    assert observed.action == "observe"
