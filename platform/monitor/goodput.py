@@ -66,8 +66,9 @@ MAX_REFS = 100  # event seqs and transition ids kept per cause, newest
 HOUR = 3600
 # requeues that follow a failure: what comes until the engine runs again is recovery
 RECOVERY_CAUSES = frozenset({"worker_loss", "host_loss", "policy"})
-# the policy's answers that drop the step's update
-DROPPING = frozenset({"skip_update", "retry_step", "rollback"})
+# the policy's answers that drop the step's update (a rerun drops the first pass at least:
+# the rerun's result is kept when the spike was the step's, neither when it was the batch's)
+DROPPING = frozenset({"skip_update", "retry_step", "rerun", "rollback"})
 # the job states that begin a phase without an engine (or end one): the others are made
 # while an engine runs, whose own events say more precisely what it does
 _PHASES = frozenset({JobState.QUEUED, JobState.WAITING_FOR_HOSTS, JobState.STARTING,
