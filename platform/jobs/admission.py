@@ -15,6 +15,7 @@ paused): jobs.placement, jobs.policy.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException
 
 from engine.horing.topology import Topology
+from engine.moe.config import PRESETS, MoEConfig
 from engine.paro.planner import DEFAULT_LINKS, plan, ranks_per_device
 from engine.runtime.spec import JobSpec, parse_spec
 from hosts.models import Host
@@ -31,8 +33,6 @@ from jobs.models import TERMINAL, Job, Quota, State
 # the states a job counts against the jobs quota in: all but finished and (cold) paused ones,
 # which hold nothing
 NOT_COUNTED = frozenset(TERMINAL) | {State.PAUSED}
-# the model section's keys that say where weights come from, not how big the model is
-_NOT_SIZE = ("init_from", "init_optimizer")
 
 
 class NotAdmitted(APIException):
@@ -67,12 +67,10 @@ def admit(user: Any, spec: dict, priority: int = 0) -> None:
     if priority > capped_priority(user, priority):
         errors["priority"] = (f"at most {settings.RINGSIDE_MAX_USER_PRIORITY} for a user who "
                               "is not staff (RINGSIDE_MAX_USER_PRIORITY)")
-    refusal = memory_refusal(parse_spec(spec))
+    parsed = parse_spec(spec)
+    refusal = memory_refusal(parsed)
     if refusal is not None:
-        model = spec.get("model")
-        fields = [f"model.{k}" for k in model if k not in _NOT_SIZE] if isinstance(
-            model, dict) else []
-        errors.update(dict.fromkeys(fields or ["model"], refusal))
+        errors.update(dict.fromkeys(size_fields(parsed), refusal))
     if errors:
         raise NotAdmitted(errors)
     limit = Quota.limits_of(user).jobs
@@ -80,6 +78,15 @@ def admit(user: Any, spec: dict, priority: int = 0) -> None:
     if limit is not None and counted >= limit:
         raise QuotaReached(f"your jobs quota is {limit} jobs queued or running at once and you "
                            f"have {counted}: cancel or pause one, or wait for one to finish")
+
+
+def size_fields(spec: JobSpec) -> list[str]:
+    """The spec's fields that set its model's size: its preset and the fields it changes from
+    the preset (from the defaults without one); `model` when it sets none."""
+    base = PRESETS[spec.preset] if spec.preset else MoEConfig()
+    changed = [f"model.{f.name}" for f in dataclasses.fields(MoEConfig)
+               if getattr(spec.model, f.name) != getattr(base, f.name)]
+    return ["model.preset"] * bool(spec.preset) + changed or ["model"]
 
 
 def capped_priority(user: Any, priority: int) -> int:
