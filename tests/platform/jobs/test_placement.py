@@ -328,7 +328,9 @@ def test_two_schedulers_at_once_place_each_job_once(user):
 
 # -- the API ----------------------------------------------------------------------------------
 
-def test_the_api_takes_a_priority_and_shows_placement_and_waiting_reason(api, small_spec):
+def test_the_api_takes_a_priority_and_shows_placement_and_waiting_reason(api, small_spec,
+                                                                         settings):
+    settings.RINGSIDE_MAX_USER_PRIORITY = 7  # a user's cap (jobs.admission)
     created = api.post("/api/jobs/", {**small_spec, "priority": 7}, format="json")
     assert created.status_code == 201, created.json()
     body = created.json()
