@@ -17,8 +17,9 @@ STATES = ("up", "lost", "drained")
 
 
 class HoldingSerializer(serializers.Serializer):
-    job = serializers.IntegerField(help_text="the job's id")
-    name = serializers.CharField(help_text="the job's name")
+    job = serializers.IntegerField(allow_null=True, help_text=(
+        "the job's id; null: another user's job (only staff see whose)"))
+    name = serializers.CharField(help_text='the job\'s name, or "a job of another user"')
     node_rank = serializers.IntegerField(help_text="0: the job's lead host")
     slots = serializers.ListField(child=serializers.IntegerField(), help_text="slot indices")
 
@@ -68,10 +69,11 @@ class HostViewSet(viewsets.GenericViewSet):
         return [IsAuthenticated(), *([IsAdminUser()] if staff else [])]
 
     def list(self, request: Request) -> Response:
-        return Response(HostSerializer(status.records(self.get_queryset()), many=True).data)
+        hosts = status.records(self.get_queryset(), request.user)
+        return Response(HostSerializer(hosts, many=True).data)
 
     def retrieve(self, request: Request, name: str) -> Response:
-        return Response(HostSerializer(status.record(self.get_object())).data)
+        return Response(HostSerializer(status.record(self.get_object(), request.user)).data)
 
     @extend_schema(request=None, responses={200: HostSerializer, 403: NOT_STAFF,
                                                     404: NO_SUCH_HOST},
@@ -91,4 +93,4 @@ class HostViewSet(viewsets.GenericViewSet):
     def _set_drained(self, request: Request, drained: bool) -> Response:
         host = registry.set_drained(self.get_object(), drained, request.user.get_username())
         live.publish(host.name)
-        return Response(HostSerializer(status.record(host)).data)
+        return Response(HostSerializer(status.record(host, request.user)).data)

@@ -47,7 +47,7 @@ class HostsConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _snapshot(self) -> dict[str, Any]:
-        hosts = status.records(status.with_holdings(Host.objects.all()))
+        hosts = status.records(status.with_holdings(Host.objects.all()), self.scope["user"])
         return {"type": "snapshot", "now": timezone.now().isoformat(),
                 "lost_after_s": settings.HOST_LOST_AFTER_S,
                 "hosts": HostSerializer(hosts, many=True).data}
@@ -55,4 +55,6 @@ class HostsConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def _record(self, name: str) -> dict[str, Any] | None:
         host = status.with_holdings(Host.objects.filter(name=name)).first()
-        return None if host is None else HostSerializer(status.record(host)).data
+        if host is None:
+            return None
+        return HostSerializer(status.record(host, self.scope["user"])).data

@@ -40,8 +40,22 @@ def _slots_in(held: list[Any]) -> int:
     return sum(len(r.slots) for r in held)
 
 
-def record(host: Host, now=None) -> dict[str, Any]:
-    """The host's row on the Hosts page and in `/api/hosts/`."""
+# what a user who is not staff sees of another user's job on a host
+OTHERS_JOB = "a job of another user"
+
+
+def holding(reservation: Any, viewer: Any) -> dict[str, Any]:
+    """One job's hold on a host as `viewer` may see it: another user's job, to a user who is
+    not staff, without its id or name."""
+    if viewer.is_staff or reservation.job.owner_id == viewer.pk:
+        return {"job": reservation.job_id, "name": reservation.job.name,
+                "node_rank": reservation.node_rank, "slots": reservation.slots}
+    return {"job": None, "name": OTHERS_JOB, "node_rank": reservation.node_rank,
+            "slots": reservation.slots}
+
+
+def record(host: Host, viewer: Any, now=None) -> dict[str, Any]:
+    """The host's row on the Hosts page and in `/api/hosts/`, as `viewer` (a user) sees it."""
     now = now or timezone.now()
     held = held_reservations(host)
     used = _slots_in(held)
@@ -53,11 +67,10 @@ def record(host: Host, now=None) -> dict[str, Any]:
         "beat_age_s": round((now - host.beat_at).total_seconds(), 3),
         "version": host.version, "version_differs": host.version != registry.version(),
         "clock_offset_s": host.clock_offset_s,
-        "jobs": [{"job": r.job_id, "name": r.job.name, "node_rank": r.node_rank,
-                  "slots": r.slots} for r in held],
+        "jobs": [holding(r, viewer) for r in held],
     }
 
 
-def records(hosts: Iterable[Host]) -> list[dict[str, Any]]:
+def records(hosts: Iterable[Host], viewer: Any) -> list[dict[str, Any]]:
     now = timezone.now()
-    return [record(host, now) for host in hosts]
+    return [record(host, viewer, now) for host in hosts]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, Quota
 
 
 class JobEventInline(admin.TabularInline):
@@ -16,3 +16,8 @@ class JobAdmin(admin.ModelAdmin):
     # state changes go through the model's transitions, never through a form
     readonly_fields = ["state", "step", "started_at", "finished_at", "error"]
     inlines = [JobEventInline]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["user", "jobs", "slots", "checkpoint_bytes"]

@@ -24,7 +24,6 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, Throttled
 from rest_framework.filters import OrderingFilter
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -34,7 +33,7 @@ from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import calibration, confinement, exports, idempotency, proposals
+from jobs import admission, calibration, confinement, exports, idempotency, proposals
 from jobs.errors import (
     BAD_BODY,
     BAD_QUERY,
@@ -83,6 +82,8 @@ from jobs.steering import audit, issue
 from monitor import goodput
 from monitor.api import GOODPUT, SERIES, GoodputCauseQuery, MetricsQuery, metrics_payload
 from monitor.models import Action, Anomaly, Checkpoint, Event
+from ringside.parsers import BoundedJSONParser
+from ringside.text import text_errors
 
 
 class Conflict(APIException):
@@ -102,6 +103,7 @@ class ProposalDecided(APIException):
                           "status": proposal["status"]})
 
 
+QUOTA_REACHED = OpenApiResponse(DETAIL, description="the user's jobs quota is reached")
 # what every steering action answers
 STEERED = {202: CommandSerializer, **STEER_ERRORS}
 # what an export's POST answers besides its record: its own 409 says why, without a state
@@ -145,7 +147,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
     filterset_class = JobFilter
-    parser_classes = [JSONParser]  # a form or multipart body is a 415
+    parser_classes = [BoundedJSONParser]  # a form or multipart body is a 415
     ordering_fields = ["created_at", "id", "name", "state", "step"]
     ordering = ["-created_at", "-id"]
 
@@ -162,12 +164,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         request=OpenApiTypes.OBJECT,
         parameters=[idempotency.PARAMETER],
         responses={201: JobDetailSerializer, 400: CREATE_ERRORS, 401: UNAUTHENTICATED,
-                   422: STEER_ERRORS[422]},
+                   422: STEER_ERRORS[422], 429: QUOTA_REACHED},
         description="Body: the job spec itself (DESIGN.md §3), plus an optional `platform` "
         "object, the platform's fault policy for the job (`max_auto_actions_per_hour`, "
         "`resume_on_failure`; jobs/policy.py), and an optional `priority` (-100..100, default 0: "
-        "placement order, higher first). An invalid body answers 400 with `errors`, a "
-        "map from each bad field's dotted path to a message.",
+        "placement order, higher first; at most RINGSIDE_MAX_USER_PRIORITY unless staff). An "
+        "invalid body, or a model no registered host's memory holds in any strategy, answers "
+        "400 with `errors`, a map from each bad field's dotted path to a message; 429 at the "
+        "user's jobs quota (jobs.admission).",
         examples=[OpenApiExample("nano", value={
             "name": "demo", "model": {"preset": "nano"}, "train": {"steps": 20},
             "platform": {"resume_on_failure": 1}})],
@@ -193,8 +197,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             spec = parse_spec(data).to_dict()
         except SpecError as e:
             errors.update(e.errors)
+        errors.update(text_errors(request.data))  # over the spec's message for the same field
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        admission.admit(request.user, spec, options.validated_data["priority"])
         job = self._launch(request, spec, policy, "job.create", **options.validated_data)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -412,7 +418,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return self._page(self.get_object().commands.all(), CommandSerializer)
 
     @extend_schema(request=CloneBody, parameters=[idempotency.PARAMETER],
-                   responses={201: JobDetailSerializer, **STEER_ERRORS},
+                   responses={201: JobDetailSerializer, **STEER_ERRORS, 429: QUOTA_REACHED},
                    description="A new job from this one's spec (and platform policy), "
                    "optionally starting from one of its disk checkpoints.")
     @action(detail=True, methods=["post"])
@@ -427,9 +433,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                    request.user, errors)
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        admission.admit(request.user, spec)
         job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
                            "job.clone", resume_from=body.validated_data["resume_from"],
-                           priority=original.priority, original=original.pk)
+                           priority=admission.capped_priority(request.user, original.priority),
+                           original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: GOODPUT, **ERRORS}, filters=False,
@@ -526,7 +534,8 @@ class PlanView(APIView):
         t = spec.train
         tokens = t.micro_batch * t.seq_len * t.grad_accum * spec.parallel.world_size
         known = compute.time_s is not None
-        return Response(PlanSerializer({"memory_budget_bytes": budget, "plans": [
+        return Response(PlanSerializer({
+            "memory_budget_bytes": budget, "refused": admission.memory_refusal(spec), "plans": [
             {"strategy": r.strategy, "names": r.names, "fits": r.fits,
              "step_time_s": r.step_time_s if known else None,
              "compute_time_s": r.compute_time_s if known else None,

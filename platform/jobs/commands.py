@@ -79,6 +79,8 @@ def _requested(kind: str, args: dict[str, Any]) -> str:
         return f"reshard onto {layout} requested"
     if kind == CommandKind.RESUME:
         return "resume requested: queued to continue from its newest checkpoint"
+    if args.get("reason"):  # the platform's own pauses say why
+        return f"{kind} requested: {args['reason']}"
     return f"{kind} requested"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -575,3 +576,46 @@ class Webhook(models.Model):
     def for_job(cls, job: Job) -> models.QuerySet[Webhook]:
         return cls.objects.filter(owner_id=job.owner_id).filter(
             models.Q(job=job) | models.Q(job__isnull=True))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one user may take at once; None: no limit."""
+
+    jobs: int | None
+    slots: int | None
+    checkpoint_bytes: int | None
+
+
+class Quota(models.Model):
+    """A user's own limits, set by staff (the admin); an empty field, or no row, takes the
+    setting's default (RINGSIDE_QUOTA_*), and 0 means no limit, there as here."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                primary_key=True, related_name="quota")
+    jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="jobs queued or running at once (a paused or "
+        "finished job does not count); empty: RINGSIDE_QUOTA_JOBS; 0: no limit")
+    slots = models.PositiveIntegerField(
+        null=True, blank=True, help_text="slots its jobs hold at once (a job that would go "
+        "over waits); empty: RINGSIDE_QUOTA_SLOTS; 0: no limit")
+    checkpoint_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="bytes of its jobs' checkpoints still stored (a job "
+        "that writes one over it is paused); empty: RINGSIDE_QUOTA_CHECKPOINT_BYTES; 0: no "
+        "limit")
+
+    def __str__(self) -> str:
+        return f"quota of {self.user}"
+
+    @staticmethod
+    def limits_of(user: Any) -> Limits:
+        own = Quota.objects.filter(user_id=user.pk).first() or Quota()
+
+        def limit(value: int | None, default: int) -> int | None:
+            chosen = default if value is None else value
+            return chosen or None
+
+        return Limits(jobs=limit(own.jobs, settings.RINGSIDE_QUOTA_JOBS),
+                      slots=limit(own.slots, settings.RINGSIDE_QUOTA_SLOTS),
+                      checkpoint_bytes=limit(own.checkpoint_bytes,
+                                             settings.RINGSIDE_QUOTA_CHECKPOINT_BYTES))

@@ -15,6 +15,8 @@ placed, except behind a *starving* job, one that has waited at least SCHEDULER_A
 would fit were the up hosts empty: the pass places nothing after it, so the slots that
 finishing jobs free go to it first. A job that could not fit even on empty hosts never holds
 others back; it stays queued with its reason (it is not failed: hosts may register later).
+Nor does one that would take its owner past their slot quota (jobs.models.Quota): it waits,
+saying so, until their other jobs free slots.
 
 The placed job keeps its state (queued); its supervisor task moves it on (`Job.start`). A job
 that has run and cannot get even `min_hosts` hosts waits in `waiting_for_hosts` and returns
@@ -33,7 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from hosts.models import Host
-from jobs.models import UNPLACED, Cause, Job, JobEvent, Reservation, State
+from jobs.models import UNPLACED, Cause, Job, JobEvent, Quota, Reservation, State
 
 # the states placement takes jobs from
 WAITING = (State.QUEUED, State.WAITING_FOR_HOSTS)
@@ -113,8 +115,10 @@ def place(job: Job) -> list[Reservation] | None:
         need = shape(current)
         free = free_slots(hosts)
         chosen = _choose(need, hosts, free)
-        if not chosen:
-            _wait(current, waiting_reason(need, hosts, free))
+        reason = (waiting_reason(need, hosts, free) if not chosen
+                  else slot_quota_reason(current, need.slots * len(chosen)))
+        if reason:
+            _wait(current, reason)
             job.refresh_from_db()
             return None
         names = ", ".join(host.name for host in chosen)
@@ -128,6 +132,20 @@ def place(job: Job) -> list[Reservation] | None:
             for rank, host in enumerate(chosen))
     job.refresh_from_db()
     return reservations
+
+
+def slot_quota_reason(job: Job, slots: int) -> str:
+    """Why taking `slots` more would put the job's owner over their slot quota
+    (jobs.models.Quota); "" when it would not."""
+    limit = Quota.limits_of(job.owner).slots
+    if limit is None:
+        return ""
+    held = sum(len(taken) for taken in Reservation.objects.held().filter(
+        job__owner_id=job.owner_id).values_list("slots", flat=True))
+    if held + slots <= limit:
+        return ""
+    return (f"waits for its owner's slot quota: their jobs hold {held} of {limit} slots and "
+            f"this one needs {slots}")
 
 
 def _wait(job: Job, reason: str) -> None:
@@ -200,6 +218,8 @@ def schedule() -> list[Job]:
             continue
         up = list(Host.objects.up())
         aged = (now - job.waiting_since).total_seconds() >= settings.SCHEDULER_AGING_S
-        if aged and _fits_empty(shape(job), up):
+        # one its owner's slot quota holds back cannot take the slots others would free
+        need = shape(job)
+        if aged and _fits_empty(need, up) and not slot_quota_reason(job, need.slots * need.fewest):
             starving = job
     return placed

@@ -11,8 +11,9 @@ engine/anomaly). The platform watches those answers and the run's end, per job:
   (`policy.resume`), before the failure stands.
 
 A job's `platform` object (beside the spec in the create body) sets them; errors name the field.
-The job's supervisor hands this module the engine's policy actions (`auto_pause`) and the run's
-failure (`auto_resume`).
+The job's supervisor hands this module the engine's policy actions (`auto_pause`), its
+checkpoints (`storage_pause`: its owner's checkpoint storage quota, jobs.models.Quota) and the
+run's failure (`auto_resume`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from engine.contract import ActionBy, ActionEvent
 from jobs.commands import issue
 from jobs.dispatch import dispatch
 from jobs.launch import resume_point
-from jobs.models import Cause, CommandKind, IllegalTransition, Job, JobEvent, State
+from jobs.models import Cause, CommandKind, IllegalTransition, Job, JobEvent, Quota, State
 from jobs.webhooks import notify
-from monitor.models import Action
+from monitor.models import Action, Checkpoint
 
 POLICY_ACTOR = "platform policy"
 AUTO_ACTION_WINDOW_S = 3600.0
@@ -103,6 +104,28 @@ def auto_pause(job: Job, event: ActionEvent) -> None:
     except IllegalTransition:
         return
     notify(job, "policy.pause", {"reason": reason, "auto_actions": recent})
+
+
+def storage_pause(job: Job) -> None:
+    """After a checkpoint of the running job: pause it when its owner's stored checkpoints
+    (those retention has not deleted) are over their checkpoint storage quota. Nothing is
+    deleted: the owner deletes what they choose, or staff raise the quota."""
+    limit = Quota.limits_of(job.owner).checkpoint_bytes
+    if limit is None:
+        return
+    stored = sum(c.size_bytes or 0 for c in Checkpoint.objects.filter(
+        job__owner_id=job.owner_id, size_bytes__gt=0) if c.available)
+    job.refresh_from_db(fields=["state"])
+    if stored <= limit or job.state != State.RUNNING:
+        return
+    reason = (f"its owner's stored checkpoints take {stored:,} bytes, over their checkpoint "
+              f"storage quota of {limit:,} bytes: paused, nothing deleted")
+    try:
+        issue(job, CommandKind.PAUSE, {"reason": reason}, actor=POLICY_ACTOR, cause=Cause.POLICY,
+              engine_args={})
+    except IllegalTransition:
+        return
+    notify(job, "policy.pause", {"reason": reason, "checkpoint_bytes": stored})
 
 
 def auto_resume(job: Job, reason: str) -> bool:

@@ -43,6 +43,7 @@ from jobs.models import (
 )
 from monitor.models import Action, Anomaly, Checkpoint
 from ringside.addresses import Refused, reachable
+from ringside.text import text_error
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -127,6 +128,12 @@ class JobNoteSerializer(serializers.ModelSerializer):
                 f"not a tag: {', '.join(map(repr, bad))} (lowercase letters, digits and "
                 "`_.:-`, at most 32 characters, starting with a letter or digit)")
         return list(dict.fromkeys(tags))  # once each, in the order given
+
+    def validate_note(self, note: str) -> str:
+        error = text_error(note, prose=True)
+        if error is not None:
+            raise serializers.ValidationError(error)
+        return note
 
 
 class JobDetailSerializer(JobSerializer):
@@ -500,6 +507,9 @@ class PlanRowSerializer(serializers.Serializer):
 
 class PlanSerializer(serializers.Serializer):
     memory_budget_bytes = serializers.FloatField()
+    refused = serializers.CharField(allow_null=True, help_text=(
+        "why a job of this model and layout would be refused: no registered host's devices "
+        "hold its state in any strategy (jobs.admission); null: admitted"))
     plans = PlanRowSerializer(many=True, help_text="best first: those that fit, fastest first")
 
 

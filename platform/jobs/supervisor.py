@@ -228,6 +228,7 @@ class Supervisor:
             else:
                 policy.auto_pause(self.job, event)
         elif isinstance(event, contract.CheckpointEvent):
+            policy.storage_pause(self.job)
             if event.tier == "disk" and self.job.state == State.RUNNING:
                 self.regroup_at_checkpoint()
         elif isinstance(event, contract.ProposalEvent):

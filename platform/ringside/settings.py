@@ -281,6 +281,19 @@ RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "2
 WEBHOOK_ATTEMPTS = int(os.environ.get("WEBHOOK_ATTEMPTS", "4"))
 WEBHOOK_RETRY_S = float(os.environ.get("WEBHOOK_RETRY_S", "10"))
 
+# What one user may take of a shared server (jobs.admission, jobs.models.Quota: staff set a
+# user's own limits in the admin; these are the defaults; 0: no limit): jobs queued or running
+# at once, slots held at once, bytes of checkpoints still stored
+RINGSIDE_QUOTA_JOBS = int(os.environ.get("RINGSIDE_QUOTA_JOBS", "20"))
+RINGSIDE_QUOTA_SLOTS = int(os.environ.get("RINGSIDE_QUOTA_SLOTS", "0"))
+RINGSIDE_QUOTA_CHECKPOINT_BYTES = int(os.environ.get("RINGSIDE_QUOTA_CHECKPOINT_BYTES", "0"))
+# the highest placement priority a user who is not staff may ask for
+RINGSIDE_MAX_USER_PRIORITY = int(os.environ.get("RINGSIDE_MAX_USER_PRIORITY", "0"))
+# API bodies: their size (Django's setting, also the JSON parser's bound on a body without a
+# Content-Length) and how deep their JSON may nest (ringside.parsers)
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("RINGSIDE_MAX_BODY_BYTES", str(2_621_440)))
+RINGSIDE_JSON_MAX_DEPTH = int(os.environ.get("RINGSIDE_JSON_MAX_DEPTH", "32"))
+
 # Only the login throttles' counters live here. On disk, so that every web process of the
 # host (WEB_PROCESSES of them) counts into the same ones; Django's default, a per-process
 # memory cache, would let each process allow the whole rate.
@@ -305,6 +318,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",
+    "DEFAULT_PARSER_CLASSES": ["ringside.parsers.BoundedJSONParser",
+                               "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
+    # \uXXXX escapes for what is not ASCII: a lone surrogate a row holds (older code stored
+    # them) then renders as its escape instead of failing the answer's UTF-8 encoding
+    "UNICODE_JSON": False,
     # JSON 415 naming the type to use (and DRF's own answers otherwise)
     "EXCEPTION_HANDLER": "ringside.api_errors.exception_handler",
     "PAGE_SIZE": 100,

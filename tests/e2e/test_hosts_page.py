@@ -57,3 +57,23 @@ def test_the_hosts_page_follows_beats_and_staff_drain(page: Page, live_server_ur
     b.get_by_role("button", name="Undrain").click()
     expect(b.locator(".state")).to_have_text("up")
     assert not Host.objects.get(name="e2e-b").drained
+
+
+def test_another_users_job_shows_as_a_job_of_another_user(page: Page, live_server_url,
+                                                          django_user_model):
+    from jobs.models import Job, Reservation
+
+    ada = django_user_model.objects.create_user("ada")
+    bob = django_user_model.objects.create_user("bob")
+    host = make_host("e2e-c", beat_s_ago=0)
+    for owner, name, slot in ((ada, "adas-run", 0), (bob, "bobs-secret-run", 1)):
+        job = Job.objects.create(name=name, owner=owner, spec={"name": name})
+        Reservation.objects.create(job=job, host=host, incarnation=1, node_rank=0,
+                                   slots=[slot])
+    log_in(page, live_server_url, ada)
+    page.goto(f"{live_server_url}/hosts/")
+    row = page.locator('tr[data-host="e2e-c"]')
+    expect(row).to_contain_text("adas-run")
+    expect(row).to_contain_text("a job of another user")
+    expect(row).not_to_contain_text("bobs-secret-run")
+    expect(row.locator("a")).to_have_count(1)  # a link to ada's job only

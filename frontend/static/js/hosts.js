@@ -30,7 +30,10 @@ function stateOf(host) {
 
 function jobs(host) {
   if (!host.jobs.length) return "–";
-  return host.jobs.map((j) => el("div", {}, el("a", { href: `/jobs/${j.job}/` }, `#${j.job} ${j.name}`),
+  // another user's job comes without its id (null) to a user who is not staff: its name
+  // says so, and there is no page to link
+  return host.jobs.map((j) => el("div", {},
+    j.job === null ? el("span", { class: "muted" }, j.name) : el("a", { href: `/jobs/${j.job}/` }, `#${j.job} ${j.name}`),
     el("span", { class: "muted" }, ` slots ${j.slots.join(",")}`)));
 }
 

@@ -114,9 +114,22 @@ const clone = document.getElementById("clone-from");
 if (clone) fill(JSON.parse(clone.textContent));
 
 // -- planner ----------------------------------------------------------------------------------
+const launch = form.querySelector("button[type=submit]");
+const refusedNote = document.getElementById("launch-refused");
+// why the server would refuse this model and layout (no registered host holds it in any
+// strategy: jobs.admission); null: Launch is on
+let refused = null;
+function showRefused(reason) {
+  refused = reason;
+  launch.disabled = Boolean(reason);
+  launch.title = reason ? `No registered host can hold this model: ${reason}` : "";
+  refusedNote.hidden = !reason;
+  refusedNote.textContent = reason ? `Launch is off: ${reason}. Shard it over more ranks or pick a smaller model.` : "";
+}
 const plan = new PlanTable(document.getElementById("launch-plan"), {
   onPick: (s) => { strategy.value = s; },
   selected: () => strategy.value,
+  onLoad: (answer) => showRefused(answer.refused),
 });
 
 function replan() {
@@ -135,10 +148,9 @@ form.addEventListener("submit", async (event) => {
     showErrors(jsonErrors);
     return;
   }
-  const button = form.querySelector("button[type=submit]");
-  button.disabled = true;
+  launch.disabled = true;
   const { ok, status, data } = await api("/api/jobs/", { method: "POST", body: spec });
-  button.disabled = false;
+  launch.disabled = Boolean(refused);
   if (ok) {
     window.location.assign(`/jobs/${data.id}/`);
   } else if (status === 400 && data?.errors) {

@@ -27,10 +27,12 @@ function sourceText(source) {
 }
 
 export class PlanTable {
-  // `onPick(strategy)` runs when a row is chosen; `selected()` names the chosen strategy.
-  constructor(container, { onPick, selected }) {
+  // `onPick(strategy)` runs when a row is chosen; `selected()` names the chosen strategy;
+  // `onLoad(answer)`, if given, runs with each answer of the planner.
+  constructor(container, { onPick, selected, onLoad }) {
     this.container = container;
     this.onPick = onPick;
+    this.onLoad = onLoad;
     this.selected = selected;
     this.request = 0;
     this.timer = null;
@@ -58,6 +60,7 @@ export class PlanTable {
     }
     this.plans = data.plans;
     this.render(data);
+    this.onLoad?.(data);
     this.container.dataset.state = "ready";
   }
 

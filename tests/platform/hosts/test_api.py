@@ -89,3 +89,20 @@ def test_the_schema_documents_the_hosts_api(api):
     fields = schema["components"]["schemas"]["Host"]["properties"]
     assert {"slots_used", "slots_free", "state", "beat_age_s", "version_differs",
             "clock_offset_s", "jobs"} <= set(fields)
+
+
+def test_another_users_job_is_a_job_of_another_user_and_staff_see_whose(
+        api, held, other_user, staff_api):
+    mine = Job.objects.create(name="mine", owner=other_user, spec={"name": "mine"})
+    Reservation.objects.create(job=mine, host=Host.objects.get(name="a"), incarnation=1,
+                               node_rank=0, slots=[2])
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION=f"Token {ApiToken.objects.create(user=other_user).key}")
+    for answer in (theirs.get("/api/hosts/").json()[0], theirs.get("/api/hosts/a/").json()):
+        assert sorted(answer["jobs"], key=lambda j: j["slots"]) == [
+            {"job": None, "name": status.OTHERS_JOB, "node_rank": 0, "slots": [0, 1]},
+            {"job": mine.pk, "name": "mine", "node_rank": 0, "slots": [2]}]
+        assert answer["slots_used"] == 3
+    seen_by_staff = staff_api.get("/api/hosts/").json()[0]["jobs"]
+    assert {j["name"] for j in seen_by_staff} == {"big", "mine"}
+    assert {j["job"] for j in seen_by_staff} == {held.pk, mine.pk}

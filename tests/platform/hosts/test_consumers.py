@@ -67,3 +67,26 @@ async def next_about(comm, names: tuple[str, ...]) -> dict:
 
 async def test_anonymous_sockets_are_refused():
     assert await socket(AnonymousUser()).connect() == (False, 4401)
+
+
+async def test_another_users_job_is_anonymous_on_the_socket(user, other_user):
+    def hold() -> int:
+        from jobs.models import Job, Reservation
+
+        a = make_host("a")
+        theirs = Job.objects.create(name="secret-name", owner=other_user, spec={"name": "s"})
+        Reservation.objects.create(job=theirs, host=a, incarnation=1, node_rank=0, slots=[0])
+        return theirs.pk
+
+    theirs = await database_sync_to_async(hold)()
+    comm = socket(user)
+    assert (await comm.connect())[0]
+    snap = await comm.receive_json_from(timeout=5)
+    [a] = [h for h in snap["hosts"] if h["name"] == "a"]
+    assert a["jobs"] == [{"job": None, "name": "a job of another user", "node_rank": 0,
+                          "slots": [0]}]
+    await database_sync_to_async(live.publish)("a")
+    change = await next_about(comm, ("a",))
+    assert change["host"]["jobs"][0]["job"] is None
+    assert "secret-name" not in str(change) and str(theirs) not in str(change["host"]["jobs"])
+    await comm.disconnect()

@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from hosts.models import Host
-from jobs.models import Cause, Job, Reservation, State
+from jobs.models import Cause, Job, Quota, Reservation, State
 from jobs.placement import hosts_wanted, place, release, release_orphans, schedule
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("session_worker_host_drained")]
@@ -328,7 +328,9 @@ def test_two_schedulers_at_once_place_each_job_once(user):
 
 # -- the API ----------------------------------------------------------------------------------
 
-def test_the_api_takes_a_priority_and_shows_placement_and_waiting_reason(api, small_spec):
+def test_the_api_takes_a_priority_and_shows_placement_and_waiting_reason(api, small_spec,
+                                                                         settings):
+    settings.RINGSIDE_MAX_USER_PRIORITY = 7  # a user's cap (jobs.admission)
     created = api.post("/api/jobs/", {**small_spec, "priority": 7}, format="json")
     assert created.status_code == 201, created.json()
     body = created.json()
@@ -363,3 +365,21 @@ def test_a_job_waiting_for_hosts_is_cancelled_at_once_and_a_placed_one_frees_its
         j.request_cancel(Cause.USER, "ada")
         assert j.state == State.CANCELLED
     assert held(a) == []
+
+
+def test_a_job_over_its_owners_slot_quota_waits_saying_so_and_holds_no_one_back(
+        user, other_user, settings, session_worker_host_drained):
+    settings.SCHEDULER_AGING_S = 60
+    Quota.objects.create(user=user, slots=3)
+    host("host-a", slots=8)
+    first = job(user, procs=2, name="first")
+    assert place(first) is not None
+    second = job(user, procs=2, name="second", waited_s=10 * settings.SCHEDULER_AGING_S)
+    others = job(other_user, procs=2, name="others")
+    assert schedule() == [others]  # the second waits; the aged one does not starve the pass
+    second.refresh_from_db()
+    assert second.placement == []
+    assert second.waiting_reason == ("waits for its owner's slot quota: their jobs hold 2 of "
+                                     "3 slots and this one needs 2")
+    release(first)  # its slots are free again: the second goes
+    assert schedule() == [second]

@@ -126,3 +126,42 @@ def test_a_job_short_of_hosts_pauses_to_scale_up_at_the_first_disk_checkpoint_af
     job.refresh_from_db()
     assert job.state == State.PAUSING
     assert supervisor.regroup == "scaling back up from 1 to 2 hosts"
+
+
+def test_a_checkpoint_over_the_owners_storage_quota_pauses_the_job_and_deletes_nothing(
+        user, small_spec, tmp_path):
+    from jobs.models import JobEvent, Quota
+    from monitor.models import Checkpoint
+    from tests.platform.services import stored_checkpoint
+
+    Quota.objects.create(user=user, checkpoint_bytes=1000)
+    older = Job.objects.create(name="older", owner=user, spec=small_spec)
+    kept = stored_checkpoint(tmp_path / "older" / "step-2")
+    Checkpoint.objects.create(job=older, seq=1, step=2, time=1.0, path=kept, size_bytes=600)
+    # one retention deleted (its folder is gone) does not count
+    Checkpoint.objects.create(job=older, seq=2, step=4, time=1.0, path=str(tmp_path / "gone"),
+                              size_bytes=10**9)
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    job.start(supervisor="test")
+    job.mark_running()
+    supervisor = Supervisor(job, proc=None, ingest=None, me="test")
+    checkpoint = {"job": str(job.pk), "time": 1.0, "type": "checkpoint", "tier": "disk",
+                  "blocking_s": 0.1, "strategy": "NNN", "world_size": 1}
+    under = stored_checkpoint(tmp_path / "t" / "step-3")
+    Checkpoint.objects.create(job=job, seq=5, step=3, time=1.0, path=under, size_bytes=400)
+    supervisor.on_event(parse_event({**checkpoint, "step": 3, "seq": 5, "path": under,
+                                     "size_bytes": 400}))
+    job.refresh_from_db()
+    assert job.state == State.RUNNING  # 1000 bytes: at the quota, not over it
+
+    over = stored_checkpoint(tmp_path / "t" / "step-6")
+    Checkpoint.objects.create(job=job, seq=6, step=6, time=1.0, path=over, size_bytes=1)
+    supervisor.on_event(parse_event({**checkpoint, "step": 6, "seq": 6, "path": over,
+                                     "size_bytes": 1}))
+    job.refresh_from_db()
+    assert job.state == State.PAUSING
+    paused = JobEvent.objects.filter(job=job, to_state=State.PAUSING).get()
+    assert paused.cause == Cause.POLICY
+    assert "take 1,001 bytes, over their checkpoint storage quota of 1,000 bytes" in (
+        paused.message)
+    assert all(Checkpoint.objects.get(path=p).available for p in (kept, under, over))

@@ -1,0 +1,32 @@
+"""The launch form turns Launch off, saying why, while the planner says no registered host
+holds the model in any strategy (jobs.admission), and on again for a model that fits."""
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from hosts.models import Host
+from tests.e2e.session import log_in
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_launch_is_off_while_no_host_holds_the_model(page: Page, live_server_url, user,
+                                                      session_worker_host_drained):
+    Host.objects.exclude(name__startswith="e2e-").delete()
+    Host.objects.create(name="e2e-small", address="10.0.0.9", slots=8, instance="x",
+                        beat_at=timezone.now(),
+                        devices={"cpu": {"cores": 4, "memory_bytes": 10**9}, "gpus": []})
+    log_in(page, live_server_url, user)
+    page.goto(f"{live_server_url}/jobs/new/")
+    form, plan = page.locator("#launch"), page.locator("#launch-plan")
+    launch, why = form.locator("button[type=submit]"), page.locator("#launch-refused")
+    form.locator("select[name='model.preset']").select_option("small")  # 1.8 GB of state
+    expect(launch).to_be_disabled(timeout=30_000)
+    expect(why).to_be_visible()
+    expect(why).to_contain_text("the largest device of a registered host holds 1.0 GB "
+                                "(e2e-small: memory)")
+    form.locator("select[name='model.preset']").select_option("nano")
+    expect(plan).to_have_attribute("data-state", "ready", timeout=30_000)
+    expect(launch).to_be_enabled()
+    expect(why).to_be_hidden()
