@@ -192,12 +192,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 errors.update(e.errors)
         if not options.is_valid():
             errors.update({k: " ".join(map(str, v)) for k, v in options.errors.items()})
+        unreadable = text_errors(request.data)
+        if unreadable:  # nothing else reads a string that is not text (a path, a name)
+            return Response({"errors": {**errors, **unreadable}},
+                            status=status.HTTP_400_BAD_REQUEST)
         data = confinement.confine(data, request.user, errors)
         try:
             spec = parse_spec(data).to_dict()
         except SpecError as e:
             errors.update(e.errors)
-        errors.update(text_errors(request.data))  # over the spec's message for the same field
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         admission.admit(request.user, spec, options.validated_data["priority"])

@@ -47,7 +47,7 @@ def post_raw(api: APIClient, path: str, body: dict, method: str = "POST"):
 @pytest.mark.parametrize("field, value", [
     ("name", "job\ud800"), ("name", "job\x1b"),
     ("train.dataset.kind", "text\ud83d"), ("model.preset", "nano\x00"),
-    ("checkpoint.dir", "/tmp/x\ud800"),
+    ("checkpoint.dir", "/tmp/x\ud800"), ("train.dataset.tokenizer", "/tmp/tok\ud800"),
 ])
 def test_a_spec_string_that_is_not_text_is_a_400_naming_it(api, small_spec, field, value):
     section, _, key = field.rpartition(".")
