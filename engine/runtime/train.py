@@ -115,12 +115,13 @@ class Trainer:
             self.checkpoints.resume(resume_from)
         else:
             load_optimizer(spec, self.dp)
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        self._carry_over_settings(bool(resume_from) or restarted)
+        self._carry_over_settings(bool(resume_from))
 
     def _carry_over_settings(self, resumed: bool) -> None:
-        """The live settings in force before this incarnation, over a checkpoint older than
-        some `set` (engine.runtime.settings.carry_over)."""
+        """The live settings in force before this incarnation (after a resume, or a restart
+        of the ranks), over a checkpoint older than some `set`
+        (engine.runtime.settings.carry_over)."""
+        resumed = resumed or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         settings = self.state.settings
         settings.log = self.run_dir / SETTINGS_LOG if self.rank == 0 else None
         again = carry_over(settings, resumed, lambda box: dist.broadcast_object_list(box, src=0))
