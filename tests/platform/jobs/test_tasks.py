@@ -143,8 +143,8 @@ def test_a_job_pausing_when_its_supervisor_is_lost_is_paused_if_a_person_asked(
         job = Job.objects.create(name=cause, owner=user, spec=small_spec)
         job.start(supervisor="elsewhere")
         job.mark_running()
-        issue(job, CommandKind.PAUSE, {}, actor="ada", cause=cause)
         issue(job, CommandKind.SET, {"train.lr": 0.01}, actor="ada", cause=Cause.USER)
+        issue(job, CommandKind.PAUSE, {}, actor="ada", cause=cause)
         Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(
             seconds=settings.JOB_HEARTBEAT_TIMEOUT_S + 1))
         return job
@@ -158,7 +158,7 @@ def test_a_job_pausing_when_its_supervisor_is_lost_is_paused_if_a_person_asked(
         "while pausing: the ranks' memory is gone; paused at no checkpoint (step 0), where "
         "resume continues")
     # every command is settled: the pause carried out, the set ended with the reason
-    pause, change = asked.commands.order_by("pk")
+    change, pause = asked.commands.order_by("pk")
     assert (pause.state, pause.result["state"]) == ("done", "paused")
     assert change.state == "refused" and "before the engine acted on it" in change.result["error"]
     assert not Command.open_for(regrouping).exists()
