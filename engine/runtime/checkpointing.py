@@ -105,6 +105,7 @@ class TrainCheckpoints:
         state.faults.ladder.load_state_dict(ladder)
         if keep_settings:
             state.settings.load_state_dict(settings)
+        state.settings.record()  # the changes in force now, kept or the checkpoint's
         if skip_data:
             state.loader.position = position
         self.ckpt.forget_after(state.step)

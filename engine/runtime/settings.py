@@ -11,11 +11,20 @@ told of each change.
 
 `train.lr` is the schedule's peak, `train.lr_factor` (not a spec field) multiplies the
 schedule from now on. The fault policy's `thresholds` and `actions` are replaced whole.
+
+The changes in force also live in the run folder (`SETTINGS_LOG`, rank 0's, rewritten at each
+change and rollback): a checkpoint holds the changes made before it, so ranks restarted from
+an older one (a crash, the policy's restart, a relaunch after a lost worker) would lose the
+later ones; `carry_over` applies the log again after such a resume.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine.anomaly.policy import FaultPolicy
@@ -29,6 +38,7 @@ SPEC_KEYS = (
     "checkpoint.memory_every", "faults.policy.thresholds", "faults.policy.actions",
 )
 SETTABLE = (*SPEC_KEYS, LR_FACTOR)
+SETTINGS_LOG = "live_settings.json"
 
 
 def validate_settings(changes: Any) -> dict[str, Any]:
@@ -102,6 +112,7 @@ class LiveSettings:
         self.launched = launched_values(spec)
         self.lr_factor = 1.0
         self.overrides: dict[str, Any] = {}  # every key a `set` changed, at its latest value
+        self.log: Path | None = None  # rank 0's SETTINGS_LOG; None on the other ranks
 
     def values(self) -> dict[str, Any]:
         """The effective value of every live setting."""
@@ -114,6 +125,7 @@ class LiveSettings:
         old = self.values()
         self.overrides.update(new)
         self._apply(new)
+        self.record()
         return {key: {"old": old[key], "new": value} for key, value in new.items()}
 
     def _apply(self, values: dict[str, Any]) -> None:
@@ -130,6 +142,15 @@ class LiveSettings:
         if any(k.startswith("faults.") for k in values):
             self.faults.set_policy(self.spec.faults.policy)
 
+    def record(self) -> None:
+        """Write the changes in force to the log (rank 0), whole and at once: a crash while it
+        writes leaves the previous one."""
+        if self.log is None:
+            return
+        partial = self.log.with_name(self.log.name + ".tmp")
+        partial.write_text(json.dumps(self.overrides), encoding="utf-8")
+        os.replace(partial, self.log)
+
     def state_dict(self) -> dict[str, Any]:
         return {"overrides": dict(self.overrides)}
 
@@ -141,3 +162,23 @@ class LiveSettings:
                    if value != self.values()[key]}
         self.overrides = overrides
         self._apply(changed)
+
+
+def carry_over(settings: LiveSettings, resumed: bool,
+               broadcast: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """After the checkpoint was loaded (`resumed`: from this run's own, or after a restart of
+    the ranks): every rank takes rank 0's log of the changes in force and applies it over the
+    checkpoint's; returns the values that changed. A fresh start drops a log left behind."""
+    box: list[Any] = [None]
+    if settings.log is not None and settings.log.exists():
+        if resumed:
+            box[0] = json.loads(settings.log.read_text(encoding="utf-8"))
+        else:
+            settings.log.unlink()
+    broadcast(box)
+    if box[0] is None:
+        return {}
+    before = settings.values()
+    settings.load_state_dict({"overrides": box[0]})
+    settings.record()
+    return {key: value for key, value in settings.values().items() if value != before[key]}

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from engine.anomaly import FaultInjector, FaultManager
 from engine.checkpoint import Checkpointer
-from engine.contract import Event, StateEvent, checkpoint_dir
+from engine.contract import Event, LogEvent, StateEvent, checkpoint_dir
 from engine.horing import Topology
 from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
@@ -46,6 +46,7 @@ from engine.runtime.response import (
     Verdict,
 )
 from engine.runtime.schedule import lr_at
+from engine.runtime.settings import SETTINGS_LOG, carry_over
 from engine.runtime.spec import JobSpec
 from engine.runtime.state import TrainState
 from engine.runtime.strategy import choose_strategy
@@ -116,6 +117,20 @@ class Trainer:
             self.checkpoints.resume(resume_from)
         else:
             load_optimizer(spec, self.dp)
+        self._carry_over_settings(bool(resume_from))
+
+    def _carry_over_settings(self, resumed: bool) -> None:
+        """The live settings in force before this incarnation (after a resume, or a restart
+        of the ranks), over a checkpoint older than some `set`
+        (engine.runtime.settings.carry_over)."""
+        resumed = resumed or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        settings = self.state.settings
+        settings.log = self.run_dir / SETTINGS_LOG if self.rank == 0 else None
+        again = carry_over(settings, resumed, lambda box: dist.broadcast_object_list(box, src=0))
+        if again:
+            self.emit(LogEvent(step=self.state.step, level="info", message=(
+                "live settings set after the checkpoint applied again: "
+                + ", ".join(f"{key}={value}" for key, value in sorted(again.items())))))
 
     def _checkpointer(self) -> Checkpointer:
         c, p = self.spec.checkpoint, self.spec.parallel

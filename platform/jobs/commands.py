@@ -114,6 +114,19 @@ def deliver_pending(job: Job, since: datetime, older_than: datetime) -> None:
         deliver(command)
 
 
+def redeliver(job: Job) -> list[Command]:
+    """The engine restarted its ranks (a crash, its policy's restart, a reshard): the new rank 0
+    reads its control stream from where it began, so a command delivered to the ranks before
+    and never answered (their answer would have come first) is lost unless delivered again.
+    Each is carried out by the new ranks or refused with their reason; returns them."""
+    lost = list(Command.objects.filter(job=job, state=CommandState.DELIVERED))
+    for command in lost:
+        log.info("%s: the engine restarted its ranks before answering it; delivered again",
+                 command)
+        deliver(command)
+    return lost
+
+
 def settle(job: Job, event: contract.ActionEvent) -> None:
     """The engine answered the command `event.command` names (a platform command's id, digits):
     record the answer, and move the

@@ -5,7 +5,9 @@ engine/anomaly). The platform watches those answers and the run's end, per job:
 
 - `max_auto_actions_per_hour` (default 10): when the engine's fault policy has acted that
   many times within an hour (observing does not count), the platform pauses the job for a
-  person and notifies its webhooks (`policy.pause`). 0 turns this off.
+  person and notifies its webhooks (`policy.pause`). Only actions since the job last resumed
+  from a pause count: the person who resumed it has looked, so the actions that led to the
+  pause do not pause it again. 0 turns this off.
 - `resume_on_failure` (default 0): a run that fails (a crash beyond the engine's own restarts)
   is queued again to resume from its newest checkpoint, up to this many times
   (`policy.resume`), before the failure stands.
@@ -39,6 +41,8 @@ AUTO_ACTION_WINDOW_S = 3600.0
 # rebalance moves samples between ranks, and follows their speeds with a change every few
 # steps while a straggler lasts, but the updates stay those of even shares)
 PASSIVE_ACTIONS = frozenset({"observe", "page", "refused", "rebalance"})
+# a job leaving one of these states for queued or running was resumed by a person
+RESUMED_FROM = (State.PAUSED, State.PAUSED_WARM)
 
 
 class PolicyError(ValueError):
@@ -84,13 +88,23 @@ def policy_of(job: Job) -> PlatformPolicy:
     return PlatformPolicy.parse(job.platform or None)
 
 
+def counted_since(job: Job) -> float:
+    """Where the hourly window of `max_auto_actions_per_hour` begins (epoch seconds): an hour
+    ago, or when the job last resumed from a pause (cold: queued again; warm: running again),
+    whichever is later."""
+    resumed = JobEvent.objects.filter(job=job, from_state__in=RESUMED_FROM,
+                                      to_state__in=(State.QUEUED, State.RUNNING)).last()
+    hour_ago = time.time() - AUTO_ACTION_WINDOW_S
+    return max(hour_ago, resumed.time.timestamp()) if resumed else hour_ago
+
+
 def auto_pause(job: Job, event: ActionEvent) -> None:
     """After an action of the engine's own fault policy: pause the running job for a person if
     the engine acted on its own too often within the hour."""
     if event.by != ActionBy.POLICY or event.action in PASSIVE_ACTIONS:
         return
     recent = Action.objects.filter(
-        job=job, by=ActionBy.POLICY, time__gte=time.time() - AUTO_ACTION_WINDOW_S,
+        job=job, by=ActionBy.POLICY, time__gte=counted_since(job),
     ).exclude(action__in=PASSIVE_ACTIONS).count()
     policy = policy_of(job)
     job.refresh_from_db(fields=["state"])

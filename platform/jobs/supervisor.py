@@ -272,6 +272,11 @@ class Supervisor:
         self.engine = EngineReport(event.state, event.error or self.engine.error,
                                    event.reason or "")
         job.refresh_from_db(fields=["state"])
+        if event.state == JobState.RUNNING and event.mode != PauseMode.WARM \
+                and job.state != State.STARTING:
+            # the ranks of this launch began anew: what they were told and did not answer
+            # (a pause while the policy restarted them, say) would never be answered
+            commands.redeliver(job)
         if event.state == JobState.RUNNING and job.state == State.STARTING:
             job.mark_running()
         elif event.state == JobState.RUNNING and job.state == State.RESHARDING:

@@ -32,12 +32,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from engine.checkpoint.layout import find_latest_good
 from hosts.models import Host
-from jobs import placement
+from jobs import commands, placement
 from jobs.dispatch import RUN_JOB, RUN_PART, SCHEDULE, dispatch, send_run_job
 from jobs.launch import checkpoint_folder, kill_group, run_dir, start_engine
 from jobs.membership import Peers, held, incarnation_spec, lose_hosts, share
-from jobs.models import SUPERVISED, Cause, IllegalTransition, Job, State
+from jobs.models import SUPERVISED, Cause, Command, CommandKind, IllegalTransition, Job, State
 from jobs.supervisor import Supervisor, supervise
 
 # imported from here by the API and the tests
@@ -118,23 +119,39 @@ def _take_over(job: Job) -> bool:
                     f"lost while the job was {job.state}; resuming from the newest checkpoint")
     except IllegalTransition:
         return False
+    commands.close(job)
     return True
 
 
 def _stays_paused(job: Job, lost: str) -> bool:
-    """A job paused warm whose supervisor was lost: a person paused it, so it stays paused
-    (cold now, its ranks' memory gone with the worker) rather than resume on its own; whether
-    it was one."""
-    if job.state != State.PAUSED_WARM:
+    """A job paused warm (or pausing at a person's or the policy's word) whose supervisor was
+    lost: it was paused for a person, so it stays paused, cold now (the ranks' memory is gone
+    with the worker) at its newest checkpoint, rather than train on; whether it was one. A
+    pause to move the job (the scheduler's regroup) is no such pause: that job is requeued."""
+    pause = Command.open_for(job).filter(kind=CommandKind.PAUSE).last()
+    if job.state != State.PAUSED_WARM and not (
+            job.state == State.PAUSING and pause is not None and pause.cause != Cause.SCHEDULER):
         return False
+    message = (f"{lost} while {job.state}: the ranks' memory is gone; paused at "
+               f"{_newest_checkpoint(job)}, where resume continues")
     try:
-        job.transition(State.PAUSED, Cause.WORKER_LOSS, message=(
-            f"{lost} while paused warm: the ranks' memory is gone; resume continues from the "
-            "newest checkpoint"), expect=frozenset({State.PAUSED_WARM}))
+        job.transition(State.PAUSED, Cause.WORKER_LOSS, message=message,
+                       expect=frozenset({State.PAUSED_WARM, State.PAUSING}))
     except IllegalTransition:
         return False  # resumed or cancelled meanwhile
-    log.warning("job %s: supervisor lost while paused warm; paused", job.pk)
+    if pause is not None:
+        pause.settle(True, {"state": State.PAUSED, "reason": message})
+    commands.close(job)
+    log.warning("job %s: supervisor lost while paused or pausing; paused", job.pk)
     return True
+
+
+def _newest_checkpoint(job: Job) -> str:
+    """The checkpoint a resume of `job` continues from, as its state history says it."""
+    newest, _ = find_latest_good(checkpoint_folder(job))
+    if newest is not None:
+        return f"its newest checkpoint (step {newest.step})"
+    return "the checkpoint it was cloned from" if job.resume_from else "no checkpoint (step 0)"
 
 
 def _supervisor_lost(job: Job) -> bool:
@@ -153,6 +170,7 @@ def _supervisor_lost(job: Job) -> bool:
             job.requeue(Cause.WORKER_LOSS, f"{lost}; resuming from the newest checkpoint")
         except IllegalTransition:
             return False  # it moved on meanwhile
+        commands.close(job)
         dispatch(job)
     log.warning("job %s: supervisor lost, requeued", job.pk)
     return True

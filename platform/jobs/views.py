@@ -18,6 +18,7 @@ from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
 from jobs.login import LoginView
 from jobs.models import State
 from jobs.permissions import visible_jobs
+from jobs.policy import PlatformPolicy
 
 # the launch form's presets, its default first (nano: a smoke test of the platform in seconds)
 FORM_PRESETS = ("tiny", "small", "nano")
@@ -40,7 +41,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         presets.setdefault(clone["preset"], PRESETS[clone["preset"]])
     return render(request, "jobs/new.html", {
         "clone": clone, "presets": presets, "train": TrainSpec(), "dataset": DatasetSpec(),
-        "checkpoint": CheckpointSpec(), "policy": FaultPolicy(),
+        "checkpoint": CheckpointSpec(), "policy": FaultPolicy(), "platform": PlatformPolicy(),
         "injection": FaultInjection(kind=FAULT_KINDS[0], step=1),
         "strategies": STRATEGIES, "collectives": COLLECTIVES, "fault_kinds": FAULT_KINDS,
         "ladders": {kind: ", ".join(actions) for kind, actions in DEFAULT_LADDERS.items()},

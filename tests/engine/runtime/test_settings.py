@@ -6,7 +6,7 @@ import pytest
 from engine.anomaly import FaultManager
 from engine.errors import SpecError
 from engine.runtime.schedule import lr_at
-from engine.runtime.settings import LiveSettings, validate_settings
+from engine.runtime.settings import SETTINGS_LOG, LiveSettings, carry_over, validate_settings
 from engine.runtime.spec import parse_spec
 
 
@@ -103,3 +103,30 @@ def test_the_state_carries_the_changes_over_the_spec_as_launched():
     # a state from before the change (or from before `set` existed) brings the spec's back
     s.load_state_dict({})
     assert s.spec.train.lr == 1e-3 and s.spec.checkpoint.every == 50 and s.overrides == {}
+
+
+def test_the_log_carries_the_changes_in_force_over_an_older_checkpoint_after_a_restart(tmp_path):
+    log = tmp_path / SETTINGS_LOG
+    before = live()
+    before.log = log
+    older_checkpoint = before.state_dict()  # saved before the set
+    before.change({"train.lr": 0.0042, "checkpoint.every": 7})
+
+    restarted = live()  # a rank of the next incarnation, loaded from that checkpoint
+    restarted.load_state_dict(older_checkpoint)
+    restarted.log = log
+    assert carry_over(restarted, resumed=True, broadcast=lambda box: None) == {
+        "train.lr": 0.0042, "checkpoint.every": 7}
+    assert restarted.spec.train.lr == 0.0042 and restarted.checkpointer.calls == [(7, 3, 0)]
+
+    # another rank takes rank 0's log from the broadcast
+    other = live()
+    assert carry_over(other, resumed=True,
+                      broadcast=lambda box: box.__setitem__(0, {"train.lr": 0.0042})) == {
+        "train.lr": 0.0042}
+
+    # a fresh start keeps nothing of a log an earlier run left
+    fresh = live()
+    fresh.log = log
+    assert carry_over(fresh, resumed=False, broadcast=lambda box: None) == {}
+    assert not log.exists() and fresh.spec.train.lr == live().spec.train.lr

@@ -29,7 +29,8 @@ from engine.checkpoint import find_latest_good
 from engine.ports import free_port
 from engine.runtime.events import read_events
 from hosts.models import Host
-from jobs.models import Cause, Job, State
+from jobs.commands import issue
+from jobs.models import Cause, CommandKind, Job, State
 from jobs.tasks import checkpoint_folder, run_dir, run_job
 from monitor.models import Event, MetricPoint
 from ringside.celery import app
@@ -151,3 +152,36 @@ def test_a_run_goes_on_through_a_redis_restart_and_loses_no_stored_metric(
     assert job.step == STEPS
     assert job.launches == 1, parts.logs()
     assert_every_step_stored_once_as_last_trained(job)
+
+
+def test_a_warm_paused_job_whose_worker_machine_is_lost_stays_paused_and_resumes(
+        parts, user, eventually):
+    job = chaos_job(user, "chaos-warm")
+    doomed = parts.worker("first", concurrency=2)
+    parts.worker("second", concurrency=2)  # runs the reaper once the first is gone
+    parts.beat()
+    place_only_on([parts.host_name("first"), parts.host_name("second")], eventually)
+    Host.objects.filter(name=parts.host_name("second")).update(drained=True)
+    submit(job.pk)
+    eventually(lambda: trained_past_a_checkpoint(job.pk, CHECKPOINT_EVERY), 90,
+               f"the job wrote no checkpoint; {parts.logs()}")
+    pause = issue(job, CommandKind.PAUSE, {"mode": "warm"}, actor="ada", cause=Cause.USER)
+    eventually(lambda: Job.objects.get(pk=job.pk).state == State.PAUSED_WARM, 60,
+               f"the job did not pause warm; {parts.logs()}")
+
+    lose_machine(doomed)
+    eventually(lambda: Job.objects.get(pk=job.pk).state != State.PAUSED_WARM, 30,
+               f"the reaper did not find the lost worker; {parts.logs()}")
+    job.refresh_from_db()
+    newest, _ = find_latest_good(checkpoint_folder(job))
+    assert job.state == State.PAUSED  # not requeued to train on
+    last = job.transitions.last()
+    assert (last.from_state, last.cause) == (State.PAUSED_WARM, Cause.WORKER_LOSS)
+    assert f"paused at its newest checkpoint (step {newest.step})" in last.message
+    pause.refresh_from_db()
+    assert pause.state == "done"
+
+    resume = issue(job, CommandKind.RESUME, {}, actor="ada", cause=Cause.USER)
+    job.refresh_from_db()
+    # resumable: queued again, to continue from that checkpoint
+    assert (resume.state, job.state) == ("done", State.QUEUED)

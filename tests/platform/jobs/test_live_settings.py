@@ -4,10 +4,12 @@ engine's acknowledged changes over them, with their history."""
 
 import pytest
 
+from engine.runtime.schedule import lr_at
 from engine.runtime.spec import parse_spec
 from jobs.models import AuditEntry, Command, Job
-from monitor.models import Action
+from monitor.models import Action, Event
 from tests.platform.jobs.test_steering import control_commands
+from tests.platform.jobs.test_supervisor import crash_ranks, paced_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,3 +64,27 @@ def test_set_needs_a_running_job(api, user, small_spec):
     assert response.status_code == 409
 
 
+
+
+def test_a_set_holds_after_a_crash_restarts_the_ranks_from_before_it(
+        api, celery_worker, small_spec, eventually):
+    job_id = paced_job(api, small_spec, eventually, celery_worker, procs=1)  # no checkpoints
+    change = api.post(f"/api/jobs/{job_id}/set/", {"train.lr": 0.0042}, format="json").json()
+    eventually(lambda: Command.objects.get(pk=change["id"]).state == "done", 60, "not applied")
+    crash_ranks(job_id)
+    again = "live settings set after the checkpoint applied again: train.lr=0.0042"
+
+    def applied_again() -> list[Event]:
+        return [e for e in Event.objects.filter(job_id=job_id, type="log")
+                if e.data["message"] == again]
+    eventually(applied_again, 120,
+               f"the restart did not apply the set again; worker log: {celery_worker.log_path}")
+    restarted = applied_again()[0].seq
+    eventually(lambda: Event.objects.filter(job_id=job_id, type="step", seq__gt=restarted)
+               .count() >= 2, 60, "no step after the restart")
+    train = parse_spec({**Job.objects.get(pk=job_id).spec, "train": {
+        **Job.objects.get(pk=job_id).spec["train"], "lr": 0.0042}}).train
+    steps = Event.objects.filter(job_id=job_id, type="step", seq__gt=restarted)
+    assert [e.data["lr"] for e in steps] == pytest.approx([lr_at(e.step, train) for e in steps])
+    assert api.get(f"/api/jobs/{job_id}/settings/").json()["effective"]["train.lr"] == 0.0042
+    assert api.post(f"/api/jobs/{job_id}/cancel/", {}, format="json").status_code == 202

@@ -5,20 +5,25 @@ fewer hosts than it asked for moves at the first disk checkpoint after a host ca
 
 import asyncio
 
+import psutil
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from engine.contract import parse_event
 from hosts.models import Host
 from jobs.commands import issue
 from jobs.membership import Peers
-from jobs.models import Cause, Job, State
+from jobs.models import Cause, Command, Job, State
 from jobs.placement import place
 from jobs.supervisor import Supervisor
 from monitor.ingest import job_group
+from monitor.models import Action
 from tests.platform.jobs.test_placement import host
 from tests.platform.jobs.test_placement import job as placed_job
+from tests.platform.jobs.test_steering import control_commands
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,6 +81,22 @@ def test_a_refused_rollback_moves_the_job_back_to_running_with_one_message(start
     assert starting.state == State.RUNNING
     assert [(m["type"], m["from_state"], m["state"]) for m in received()
             if m["type"] == "job"] == [("job", "rolling_back", "running")]
+
+
+def test_commands_the_ranks_lost_in_a_restart_are_delivered_to_the_new_ones(starting):
+    starting.mark_running()
+    pause = issue(starting, "pause", {}, actor="ada", cause=Cause.USER)
+    assert [c["id"] for c in control_commands(starting)] == [str(pause.pk)]
+    # the policy restarted the ranks before they read it: the new rank 0 reads the stream
+    # from its end, and says it runs
+    engine_event(starting, type="state", state="running", world_size=2)
+    assert [c["id"] for c in control_commands(starting)] == [str(pause.pk)] * 2
+    starting.refresh_from_db()
+    assert starting.state == State.PAUSING
+    # a command the engine answered is not sent again
+    engine_event(starting, type="action", action="pause", command=str(pause.pk), by="command")
+    engine_event(starting, type="state", state="running", world_size=2)
+    assert len(control_commands(starting)) == 2
 
 
 def test_the_policy_excluding_a_rank_drains_its_host_and_pauses_the_job_to_move_off_it(
@@ -165,3 +186,75 @@ def test_a_checkpoint_over_the_owners_storage_quota_pauses_the_job_and_deletes_n
     assert "take 1,001 bytes, over their checkpoint storage quota of 1,000 bytes" in (
         paused.message)
     assert all(Checkpoint.objects.get(path=p).available for p in (kept, under, over))
+
+
+def paced_job(api, spec: dict, eventually, worker, procs: int) -> int:
+    """A long nano job on `procs` ranks, paced (tests.policies), through the API, once it
+    trains."""
+    spec["train"]["steps"] = 100_000
+    spec["parallel"] = {"nodes": 1, "procs_per_node": procs}
+    spec["faults"] = paced(procs, factor=5)
+    job_id = api.post("/api/jobs/", spec, format="json").json()["id"]
+    eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
+               f"job {job_id} made no progress; worker log: {worker.log_path}")
+    return job_id
+
+
+def crash_ranks(job_id: int) -> None:
+    """Kill the job's ranks at once, as a crash would: its launcher restarts them. (The ranks
+    are the children of the launcher's forkserver.)"""
+    run = str(settings.RUNS_DIR / str(job_id))
+    launcher = next(p for p in psutil.process_iter(["cmdline"]) if run in (p.info["cmdline"] or []))
+    ranks = [rank for child in launcher.children() for rank in child.children()]
+    assert ranks, "no ranks found"
+    for rank in ranks:
+        rank.kill()
+
+
+def settled(job_id: int) -> list[str]:
+    """The job's commands' states; none left open."""
+    job = Job.objects.get(pk=job_id)
+    assert not Command.open_for(job).exists()
+    return list(job.commands.values_list("state", flat=True))
+
+
+def test_a_pause_sent_while_the_ranks_restart_is_carried_out_by_the_new_ones(
+        api, celery_worker, small_spec, eventually):
+    job_id = paced_job(api, small_spec, eventually, celery_worker, procs=1)
+    crash_ranks(job_id)
+    # sent before the new ranks' rank 0 opens the control stream, which it reads from its end
+    assert api.post(f"/api/jobs/{job_id}/pause/", {}, format="json").status_code == 202
+    eventually(lambda: Job.objects.get(pk=job_id).state == State.PAUSED, 120,
+               f"the pause was not carried out; worker log: {celery_worker.log_path}")
+    assert settled(job_id) == ["done"]
+    job = Job.objects.get(pk=job_id)
+    assert Action.objects.filter(job=job, action="restart").exists()
+    assert list(job.transitions.values_list("to_state", flat=True))[-2:] == ["pausing", "paused"]
+    assert api.post(f"/api/jobs/{job_id}/cancel/", {}, format="json").status_code == 202
+
+
+def test_a_pause_raced_with_a_rollback_and_a_reshard_leaves_no_state_unsettled(
+        api, celery_worker, small_spec, eventually):
+    job_id = paced_job(api, small_spec, eventually, celery_worker, procs=2)
+
+    def steer(kind: str, body: dict) -> int:
+        response = api.post(f"/api/jobs/{job_id}/{kind}/", body, format="json")
+        if response.status_code == 202:  # a pause sent in the same breath: answered at once
+            pause = api.post(f"/api/jobs/{job_id}/pause/", {}, format="json")
+            assert pause.status_code == 409, pause.json()
+            assert pause.json()["state"] in ("rolling_back", "resharding")
+        eventually(lambda: Job.objects.get(pk=job_id).state == State.RUNNING, 120,
+                   f"the {kind} did not end; worker log: {celery_worker.log_path}")
+        return response.status_code
+
+    checkpoint = api.post(f"/api/jobs/{job_id}/checkpoint/", {}, format="json").json()
+    eventually(lambda: Command.objects.get(pk=checkpoint["id"]).state == "done", 60,
+               "no checkpoint")
+    assert steer("rollback", {"step": Command.objects.get(pk=checkpoint["id"]).result[
+        "step"]}) == 202
+    assert steer("reshard", {"strategy": "NNN", "nodes": 1, "procs_per_node": 1}) == 202
+    assert Job.objects.get(pk=job_id).spec["parallel"]["procs_per_node"] == 1
+    assert api.post(f"/api/jobs/{job_id}/pause/", {}, format="json").status_code == 202
+    eventually(lambda: Job.objects.get(pk=job_id).state == State.PAUSED, 120,
+               f"the pause was not carried out; worker log: {celery_worker.log_path}")
+    assert settled(job_id) == ["done"] * 4

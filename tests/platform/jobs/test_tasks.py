@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from hosts.models import Host
-from jobs.models import Cause, Job, State
+from jobs.confinement import uploads_dir
+from jobs.models import Cause, Command, CommandKind, Job, State
 from monitor.models import Event, MetricPoint
 from tests.policies import OBSERVE_STRAGGLERS
 
@@ -77,15 +78,18 @@ def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, e
         "running", "cancelled", "api_token", "ada")
 
 
-def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(api, celery_worker, small_spec,
-                                                                   eventually):
-    small_spec["train"]["dataset"] = {"kind": "text", "paths": ["/nonexistent/ringside/*.txt"]}
+def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(
+        api, user, celery_worker, small_spec, eventually):
+    corpus = uploads_dir(user) / "broken.jsonl"  # read, by the user's own rights, then refused
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text("not json\n")
+    small_spec["train"]["dataset"] = {"kind": "jsonl", "paths": [corpus.name]}
     job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
     eventually(lambda: job_state(job_id) in (State.FAILED, State.COMPLETED), 120,
                f"job {job_id} did not finish; worker log: {celery_worker.log_path}")
     job = Job.objects.get(pk=job_id)
     assert job.state == State.FAILED
-    assert "/nonexistent/ringside/*.txt" in job.error
+    assert f"{corpus}:1 is not JSON" in job.error  # the user's own file: named, not scrubbed
     assert "engine stderr (tail)" in job.error
     assert job.transitions.last().cause == "engine"
 
@@ -131,7 +135,37 @@ def test_a_warm_paused_job_whose_supervisor_is_lost_stays_paused(user, small_spe
         last = job.transitions.last()
         assert (last.from_state, last.to_state, last.cause) == ("paused_warm", "paused",
                                                                  "worker_loss")
-        assert "resume continues from the newest checkpoint" in last.message
+        assert "paused at no checkpoint (step 0), where resume continues" in last.message
+
+
+def test_a_job_pausing_when_its_supervisor_is_lost_is_paused_if_a_person_asked(
+        user, small_spec, settings):
+    from jobs.commands import issue
+    from jobs.tasks import reap
+
+    def pausing_and_lost(cause: str) -> Job:
+        job = Job.objects.create(name=cause, owner=user, spec=small_spec)
+        job.start(supervisor="elsewhere")
+        job.mark_running()
+        issue(job, CommandKind.SET, {"train.lr": 0.01}, actor="ada", cause=Cause.USER)
+        issue(job, CommandKind.PAUSE, {}, actor="ada", cause=cause)
+        Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(
+            seconds=settings.JOB_HEARTBEAT_TIMEOUT_S + 1))
+        return job
+
+    asked = pausing_and_lost(Cause.USER)
+    regrouping = pausing_and_lost(Cause.SCHEDULER)
+    assert reap() == [regrouping.pk]  # the scheduler's pause moves the job: requeued
+    asked.refresh_from_db()
+    assert asked.state == State.PAUSED
+    assert asked.transitions.last().message.endswith(
+        "while pausing: the ranks' memory is gone; paused at no checkpoint (step 0), where "
+        "resume continues")
+    # every command is settled: the pause carried out, the set ended with the reason
+    change, pause = asked.commands.order_by("pk")
+    assert (pause.state, pause.result["state"]) == ("done", "paused")
+    assert change.state == "refused" and "before the engine acted on it" in change.result["error"]
+    assert not Command.open_for(regrouping).exists()
 
 
 def test_a_job_created_while_the_broker_is_down_is_accepted_and_started_once_it_is_back(

@@ -9,6 +9,7 @@ import pytest
 
 from engine.runtime.spec import parse_spec
 from jobs.models import Job
+from jobs.policy import PlatformPolicy
 
 pytestmark = pytest.mark.django_db
 
@@ -38,3 +39,19 @@ def test_cloning_another_users_job_or_no_job_is_404(client, user, other_user, sm
     client.force_login(user)
     for query in (theirs.pk, "abc", 10**9):
         assert client.get(f"/jobs/new/?clone={query}").status_code == 404
+
+
+def test_the_form_offers_the_platform_policy_with_its_defaults_and_what_the_limit_counts(
+        client, user, api, small_spec):
+    client.force_login(user)
+    html = client.get("/jobs/new/").content.decode()
+    defaults = PlatformPolicy()
+    for name, value in defaults.to_dict().items():
+        assert re.search(rf'name="platform\.{name}"[^>]*value="{value}"', html), name
+    assert "only actions since the job last resumed count" in html
+    # the names the form sends are the ones the API's errors name
+    bad = api.post("/api/jobs/", {**small_spec, "platform": {"max_auto_actions_per_hour": -1}},
+                   format="json")
+    assert bad.status_code == 400
+    assert bad.json()["errors"] == {
+        "platform.max_auto_actions_per_hour": "must be a non-negative integer"}
