@@ -43,6 +43,7 @@ from engine.contract import (
     checkpoint_tiers,
     memory_dir,
 )
+from engine.errors import ConfigError
 from engine.ports import free_port
 from engine.runtime.commands import Outcome
 from engine.runtime.control import ControlChannel
@@ -203,7 +204,12 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     try:
         # on another world, the run goes on from its newest checkpoint, resharded
         sources = resume_sources(spec, target, restarted or relaid is not None)
-        trainer = Trainer(spec, target.run_dir, events, sources, control, target.metrics_port)
+        try:
+            trainer = Trainer(spec, target.run_dir, events, sources, control, target.metrics_port)
+        except ConfigError as e:
+            # every rank finds the same fault in the same spec and data: running them again
+            # cannot help, so the run ends here rather than raise (which would restart it)
+            return Outcome("failed", 0, reason=str(e))
         return trainer.fit()
     finally:
         for channel in (events, control):
@@ -272,6 +278,9 @@ def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) ->
         incarnation += 1
         target.emit(StateEvent(step=outcome.step, state="resharding",
                                parallel=outcome.parallel, micro_batch=micro_batch))
+    if outcome.kind == "failed":
+        target.emit(StateEvent(step=outcome.step, state="failed", error=outcome.reason))
+        return ExitCode.FAILED
     final = {"completed": ("completed", ExitCode.COMPLETED), "pause": ("paused", ExitCode.PAUSED),
              "cancel": ("cancelled", ExitCode.CANCELLED)}
     state, code = final[outcome.kind]
