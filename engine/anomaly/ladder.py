@@ -9,8 +9,9 @@ Each kind has a ladder of actions (policy.DEFAULT_LADDERS, overridden per kind b
 `faults.policy.actions`). The first anomaly of a kind takes the first rung; another of the
 same kind within `reset_after` steps takes the next one; `reset_after` quiet steps start
 over. Caps (spec §7): at most `retries_per_step` retries of a step, `rollbacks_per_hour`
-rollbacks, `max_restarts` restarts in the job; a capped rung is passed over for the next one,
-and past the top the job pauses for a person.
+rollbacks, `policy_restarts` restarts for one kind within `policy_restart_window_s` (apart
+from the launcher's crash restarts, `max_restarts`); a capped rung is passed over for the next
+one, and past the top the job pauses for a person.
 
 What the loop does for each action: observe - record only; skip_update - drop this step's
 gradients and do not step the optimizer; retry_step - drop them and run the same step on the
@@ -18,8 +19,8 @@ same data again; lr_cut - redo the step with the learning rate times `lr_factor`
 save now; rebalance - shares of the batch that follow the ranks' speeds (engine.runtime.
 rebalance); rollback - load the last good checkpoint and skip the data window since then;
 exclude - train on while the platform drains the straggler's host and moves the job off it
-(a job on one host restarts instead); restart - restart the ranks from the last checkpoint;
-pause - checkpoint, stop, wait for a person.
+(a job on one host restarts instead); restart - snapshot this step to the memory tier and
+restart the ranks from it; pause - checkpoint, stop, wait for a person.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class ResponseLadder:
         policy = policy or FaultPolicy()
         self.hosts = hosts
         self.ladders = policy_ladders(policy, hosts)
-        self.max_restarts = policy.max_restarts
+        self.policy_restarts = policy.policy_restarts
+        self.restart_window_s = policy.policy_restart_window_s
         self.reset_after = reset_after
         self.retries_per_step = retries_per_step
         self.rollbacks_per_hour = rollbacks_per_hour
@@ -65,7 +67,7 @@ class ResponseLadder:
         self.last_step: dict[str, int] = {}
         self.retries: dict[int, int] = {}  # step -> retries taken
         self.rollback_times: list[float] = []
-        self.restarts = 0
+        self.restart_times: dict[str, list[float]] = {}  # kind -> when the policy restarted
 
     def set_ladders(self, policy: FaultPolicy) -> None:
         self.ladders = policy_ladders(policy, self.hosts)
@@ -83,8 +85,8 @@ class ResponseLadder:
             repeat = last is not None and step - last <= self.reset_after
             rung = self.rung.get(kind, -1) + 1 if repeat else 0
             reason = "repeat within the window" if repeat and rung else "first occurrence"
-            while rung < len(ladder) and self._capped(ladder[rung], step, now):
-                reason = f"{ladder[rung]} capped"
+            while rung < len(ladder) and self._capped(ladder[rung], kind, step, now):
+                reason = self._cap_reason(ladder[rung], kind)
                 rung += 1
             if rung < len(ladder):
                 action = ladder[rung]
@@ -92,38 +94,49 @@ class ResponseLadder:
                 action = "observe" if ladder[-1] == "observe" else "pause"
             self.rung[kind] = min(rung, len(ladder) - 1)
             self.last_step[kind] = step
-            self._use(action, step, now)
+            self._use(action, kind, step, now)
             params = {"lr_factor": self.lr_factor} if action == "lr_cut" else {}
             decisions.append(Decision(action, kind, step, rung, first_of_kind[kind].rank,
                                       reason, params))
         return sorted(decisions, key=lambda d: ACTIONS.index(d.action), reverse=True)
 
-    def _capped(self, action: str, step: int, now: float) -> bool:
+    def _capped(self, action: str, kind: str, step: int, now: float) -> bool:
         if action == "retry_step":
             return self.retries.get(step, 0) >= self.retries_per_step
         if action == "rollback":
             recent = [t for t in self.rollback_times if now - t < 3600]
             return len(recent) >= self.rollbacks_per_hour
         if action == "restart":
-            return self.restarts >= self.max_restarts
+            return len(self._recent_restarts(kind, now)) >= self.policy_restarts
         return False
 
-    def _use(self, action: str, step: int, now: float) -> None:
+    def _cap_reason(self, action: str, kind: str) -> str:
+        if action == "restart":
+            return (f"restart capped: {self.policy_restarts} for {kind} within "
+                    f"{self.restart_window_s:g} s")
+        return f"{action} capped"
+
+    def _recent_restarts(self, kind: str, now: float) -> list[float]:
+        return [t for t in self.restart_times.get(kind, []) if now - t < self.restart_window_s]
+
+    def _use(self, action: str, kind: str, step: int, now: float) -> None:
         if action == "retry_step":
             self.retries = {step: self.retries.get(step, 0) + 1}  # only the current step counts
         elif action == "rollback":
             self.rollback_times = [t for t in self.rollback_times if now - t < 3600] + [now]
         elif action == "restart":
-            self.restarts += 1
+            self.restart_times[kind] = self._recent_restarts(kind, now) + [now]
 
     def state_dict(self) -> dict[str, Any]:
         return {"rung": dict(self.rung), "last_step": dict(self.last_step),
                 "retries": {str(k): v for k, v in self.retries.items()},
-                "rollback_times": list(self.rollback_times), "restarts": self.restarts}
+                "rollback_times": list(self.rollback_times),
+                "restart_times": {k: list(v) for k, v in self.restart_times.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rung = dict(state["rung"])
         self.last_step = dict(state["last_step"])
         self.retries = {int(k): v for k, v in state["retries"].items()}
         self.rollback_times = list(state["rollback_times"])
-        self.restarts = int(state["restarts"])
+        # checkpoints from before the policy's restarts were counted per kind have none
+        self.restart_times = {k: list(v) for k, v in state.get("restart_times", {}).items()}

@@ -78,8 +78,9 @@ _PATH = "faults.policy"
 
 # Upper bounds (README's spec table): a day's hang timeout, a hundred restarts, and for every
 # threshold (counts of steps, factors, z-scores) a million, which no detector needs.
-BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100,
-                          "approve_timeout_s": 86400, "thresholds.*.*": 1_000_000}
+BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100, "policy_restarts": 100,
+                          "policy_restart_window_s": 7 * 86400, "approve_timeout_s": 86400,
+                          "thresholds.*.*": 1_000_000}
 PROPOSED = "proposed"  # `approve_default`: on timeout, take the action that was proposed
 APPROVE_WHILE = ("hold", "observe")  # what the run does while a proposal waits
 
@@ -89,7 +90,10 @@ class FaultPolicy:
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     actions: dict[str, list[str]] = field(default_factory=dict)
     hang_timeout_s: float = 300.0
-    max_restarts: int = 3
+    max_restarts: int = 3  # crash restarts (a rank died), the launcher's
+    # restarts the policy asks for, per anomaly kind within the window; then the next rung
+    policy_restarts: int = 2
+    policy_restart_window_s: float = 3600.0
     approve: list[str] = field(default_factory=list)
     approve_timeout_s: float = 300.0
     approve_default: str = PROPOSED
@@ -102,9 +106,13 @@ def policy_errors(policy: FaultPolicy) -> dict[str, str]:
               **_approval_errors(policy)}
     if policy.hang_timeout_s <= 0:
         errors[f"{_PATH}.hang_timeout_s"] = "must be positive"
-    if policy.max_restarts < 0:
-        errors[f"{_PATH}.max_restarts"] = "must be at least 0"
-    for name in ("hang_timeout_s", "max_restarts", "approve_timeout_s"):
+    for name in ("max_restarts", "policy_restarts"):
+        if getattr(policy, name) < 0:
+            errors[f"{_PATH}.{name}"] = "must be at least 0"
+    if policy.policy_restart_window_s <= 0:
+        errors[f"{_PATH}.policy_restart_window_s"] = "must be positive"
+    for name in ("hang_timeout_s", "max_restarts", "policy_restarts", "policy_restart_window_s",
+                 "approve_timeout_s"):
         if getattr(policy, name) > BOUNDS[name]:
             errors[f"{_PATH}.{name}"] = f"must be at most {BOUNDS[name]}"
     return errors

@@ -52,9 +52,22 @@ def test_two_rollbacks_per_hour_then_pause():
     assert decided[2].reason == "rollback capped"
 
 
-def test_restarts_are_capped_by_max_restarts():
-    ladder = ResponseLadder(FaultPolicy(max_restarts=2), reset_after=0)
-    assert actions(ladder, [10, 20, 30], kind="crash") == ["restart", "restart", "pause"]
+def test_policy_restarts_are_capped_per_kind_within_the_window_then_pause():
+    policy = FaultPolicy(actions={"hang": ["restart"], "loss_spike": ["restart"]},
+                         policy_restarts=2, policy_restart_window_s=HOUR)
+    ladder = ResponseLadder(policy, reset_after=0)
+    decided = [ladder.decide(spike(s, "hang"), s, now)[0] for s, now in
+               [(10, 0.0), (20, 60.0), (30, 120.0)]]
+    assert [d.action for d in decided] == ["restart", "restart", "pause"]
+    assert decided[2].reason == "restart capped: 2 for hang within 3600 s"
+    # another kind has a budget of its own, and an hour later the first kind's is back
+    assert actions(ladder, [40], kind="loss_spike", now=130.0) == ["restart"]
+    assert actions(ladder, [50], kind="hang", now=HOUR + 61.0) == ["restart"]
+
+
+def test_the_crash_budget_is_not_the_policys():
+    ladder = ResponseLadder(FaultPolicy(max_restarts=0, policy_restarts=1), reset_after=0)
+    assert actions(ladder, [10, 20], kind="hang") == ["restart", "pause"]
 
 
 def test_several_kinds_in_one_step_strongest_first():
@@ -81,9 +94,12 @@ def test_policy_actions_replace_a_kinds_ladder_and_bad_ones_name_the_field():
 def test_state_dict_round_trip_keeps_escalation_and_caps():
     a = ResponseLadder()
     actions(a, [10, 11])
+    actions(a, [10], kind="hang")
     b = ResponseLadder()
     b.load_state_dict(a.state_dict())
     assert actions(a, [12, 13]) == actions(b, [12, 13]) == ["lr_cut", "rollback"]
+    # a restart's snapshot carries the restarts taken, so the restarted ranks keep counting
+    assert actions(b, [200, 400], kind="hang") == ["restart", "pause"]
 
 
 def test_a_persistent_straggler_is_excluded_on_several_hosts_and_restarted_on_one():

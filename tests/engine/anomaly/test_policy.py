@@ -62,11 +62,14 @@ def test_every_bad_ladder_is_named_with_why():
 
 
 def test_the_hang_timeout_must_be_positive_and_restarts_not_negative():
-    assert policy_errors(FaultPolicy(hang_timeout_s=0, max_restarts=-1)) == {
+    assert policy_errors(FaultPolicy(hang_timeout_s=0, max_restarts=-1, policy_restarts=-1,
+                                     policy_restart_window_s=0)) == {
         "faults.policy.hang_timeout_s": "must be positive",
         "faults.policy.max_restarts": "must be at least 0",
+        "faults.policy.policy_restarts": "must be at least 0",
+        "faults.policy.policy_restart_window_s": "must be positive",
     }
-    assert policy_errors(FaultPolicy(hang_timeout_s=0.5, max_restarts=0)) == {}
+    assert policy_errors(FaultPolicy(hang_timeout_s=0.5, max_restarts=0, policy_restarts=0)) == {}
 
 
 def test_overrides_replace_only_what_they_name():
