@@ -11,16 +11,19 @@ same kind within `reset_after` steps takes the next one; `reset_after` quiet ste
 over. Caps (spec §7): at most `retries_per_step` retries of a step, `rollbacks_per_hour`
 rollbacks, `policy_restarts` restarts for one kind within `policy_restart_window_s` (apart
 from the launcher's crash restarts, `max_restarts`); a capped rung is passed over for the next
-one, and past the top the job pauses for a person.
+one, and past the top the job pauses for a person. A rung that cannot help against the
+cause (`cannot_help`: an `exclude` on one host, a `restart` for a straggler) is skipped, said
+so in the decision; when that leaves only `pause`, the run goes on as it is (observe) and a
+person is asked instead (`needs_attention`: runtime.approvals raises a proposal).
 
 What the loop does for each action: observe - record only; skip_update - drop this step's
 gradients and do not step the optimizer; retry_step - drop them and run the same step on the
 same data again; lr_cut - redo the step with the learning rate times `lr_factor`; checkpoint -
 save now; rebalance - shares of the batch that follow the ranks' speeds (engine.runtime.
 rebalance); rollback - load the last good checkpoint and skip the data window since then;
-exclude - train on while the platform drains the straggler's host and moves the job off it
-(a job on one host restarts instead); restart - snapshot this step to the memory tier and
-restart the ranks from it; pause - checkpoint, stop, wait for a person.
+exclude - train on while the platform drains the straggler's host and moves the job off it;
+restart - snapshot the last step to the memory tier
+and restart the ranks from it; pause - checkpoint, stop, wait for a person.
 """
 
 from __future__ import annotations
@@ -49,14 +52,24 @@ class Decision:
                 "rank": self.rank, "by": "policy", "reason": self.reason, **self.params}
 
 
+def cannot_help(action: str, kind: str, hosts: int) -> str | None:
+    """Why the rung `action` cannot help against an anomaly of `kind` in a job on `hosts`
+    hosts; None when it may. A rung that cannot help is skipped."""
+    if action == "exclude" and hosts < 2:
+        return "the job runs on one host, with no other to move to"
+    if action == "restart" and kind == "straggler":
+        return "the ranks restart on the same hosts, where the straggler stays slow"
+    return None
+
+
 class ResponseLadder:
     def __init__(self, policy: FaultPolicy | None = None, reset_after: int = 100,
                  retries_per_step: int = 1, rollbacks_per_hour: int = 2,
                  lr_factor: float = 0.1, hosts: int = 1):
-        """`hosts`: how many hosts the job runs on (on one, `exclude` restarts instead)."""
+        """`hosts`: how many hosts the job runs on (on one, `exclude` cannot help)."""
         policy = policy or FaultPolicy()
         self.hosts = hosts
-        self.ladders = policy_ladders(policy, hosts)
+        self.ladders = policy_ladders(policy)
         self.policy_restarts = policy.policy_restarts
         self.restart_window_s = policy.policy_restart_window_s
         self.reset_after = reset_after
@@ -68,37 +81,59 @@ class ResponseLadder:
         self.retries: dict[int, int] = {}  # step -> retries taken
         self.rollback_times: list[float] = []
         self.restart_times: dict[str, list[float]] = {}  # kind -> when the policy restarted
+        self.attention: dict[str, int] = {}  # kind -> the step a person was asked at
 
     def set_ladders(self, policy: FaultPolicy) -> None:
-        self.ladders = policy_ladders(policy, self.hosts)
+        self.ladders = policy_ladders(policy)
 
     def decide(self, anomalies: list[Anomaly], step: int, now: float) -> list[Decision]:
         """One decision per anomaly kind present, strongest first. `now` is wall-clock seconds
         agreed by all ranks (`agree_anomalies` returns it), so caps decide alike everywhere."""
-        decisions = []
         first_of_kind: dict[str, Anomaly] = {}
         for a in anomalies:
             first_of_kind.setdefault(a.kind, a)
-        for kind in sorted(first_of_kind, key=KINDS.index):
-            ladder = self.ladders[kind]
-            last = self.last_step.get(kind)
-            repeat = last is not None and step - last <= self.reset_after
-            rung = self.rung.get(kind, -1) + 1 if repeat else 0
-            reason = "repeat within the window" if repeat and rung else "first occurrence"
-            while rung < len(ladder) and self._capped(ladder[rung], kind, step, now):
-                reason = self._cap_reason(ladder[rung], kind)
-                rung += 1
-            if rung < len(ladder):
-                action = ladder[rung]
-            else:  # past the top a person is paged, unless the ladder only ever watches
-                action = "observe" if ladder[-1] == "observe" else "pause"
-            self.rung[kind] = min(rung, len(ladder) - 1)
-            self.last_step[kind] = step
-            self._use(action, kind, step, now)
-            params = {"lr_factor": self.lr_factor} if action == "lr_cut" else {}
-            decisions.append(Decision(action, kind, step, rung, first_of_kind[kind].rank,
-                                      reason, params))
+        decisions = [self._decide_kind(kind, first_of_kind[kind], step, now)
+                     for kind in sorted(first_of_kind, key=KINDS.index)]
         return sorted(decisions, key=lambda d: ACTIONS.index(d.action), reverse=True)
+
+    def _decide_kind(self, kind: str, anomaly: Anomaly, step: int, now: float) -> Decision:
+        ladder = self.ladders[kind]
+        last = self.last_step.get(kind)
+        repeat = last is not None and step - last <= self.reset_after
+        self.last_step[kind] = step
+        if not repeat:
+            self.attention.pop(kind, None)
+        elif kind in self.attention:  # a person was asked; until then what is in force holds
+            return Decision("observe", kind, step, self.rung[kind], anomaly.rank,
+                            f"needs attention (asked at step {self.attention[kind]})")
+        rung = self.rung.get(kind, -1) + 1 if repeat else 0
+        reasons = ["repeat within the window" if repeat and rung else "first occurrence"]
+        skipped = []
+        while rung < len(ladder):
+            if (why := cannot_help(ladder[rung], kind, self.hosts)) is not None:
+                skipped.append(ladder[rung])
+                reasons.append(f"{ladder[rung]} skipped: {why}")
+            elif self._capped(ladder[rung], kind, step, now):
+                reasons[0] = self._cap_reason(ladder[rung], kind)
+            else:
+                break
+            rung += 1
+        # past the top a person is paged, unless the ladder only ever watches
+        action = ladder[rung] if rung < len(ladder) else (
+            "observe" if ladder[-1] == "observe" else "pause")
+        self.rung[kind] = min(rung, len(ladder) - 1)
+        params: dict[str, Any] = {"skipped": skipped} if skipped else {}
+        if skipped and action == "pause":
+            # the answer that fits the cause cannot be given here: rather than stop the run,
+            # keep what is in force (a straggler stays rebalanced) and ask a person
+            self.attention[kind] = step
+            params["needs_attention"] = action
+            reasons.append("needs attention")
+            action = "observe"
+        self._use(action, kind, step, now)
+        if action == "lr_cut":
+            params["lr_factor"] = self.lr_factor
+        return Decision(action, kind, step, rung, anomaly.rank, "; ".join(reasons), params)
 
     def _capped(self, action: str, kind: str, step: int, now: float) -> bool:
         if action == "retry_step":

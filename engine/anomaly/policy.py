@@ -66,7 +66,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
     "throughput_drop": ["observe"],
     # AntDT: less data; a persistent straggler's host is drained and the job goes on without it
-    # (on one host there is no other: the ranks restart)
+    # (on one host there is no other: it stays rebalanced and a person is asked, ladder.py)
     "straggler": ["rebalance", "exclude", "pause"],
     "hang": ["restart", "pause"],
     "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
@@ -125,12 +125,10 @@ def policy_thresholds(policy: FaultPolicy) -> dict[str, dict[str, float]]:
             for kind, params in DEFAULTS.items()}
 
 
-def policy_ladders(policy: FaultPolicy, hosts: int = 1) -> dict[str, list[str]]:
-    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field.
-    A job on one host (`hosts`) has no host to exclude: its `exclude` rungs restart."""
+def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
+    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field."""
     _check(policy)
-    return {kind: [("restart" if action == "exclude" and hosts < 2 else action)
-                   for action in policy.actions.get(kind, ladder)]
+    return {kind: list(policy.actions.get(kind, ladder))
             for kind, ladder in DEFAULT_LADDERS.items()}
 
 

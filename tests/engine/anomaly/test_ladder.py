@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.anomaly import Anomaly, ResponseLadder
+from engine.anomaly.ladder import cannot_help
 from engine.anomaly.policy import FaultPolicy
 from engine.errors import SpecError
 
@@ -102,11 +103,38 @@ def test_state_dict_round_trip_keeps_escalation_and_caps():
     assert actions(b, [200, 400], kind="hang") == ["restart", "pause"]
 
 
-def test_a_persistent_straggler_is_excluded_on_several_hosts_and_restarted_on_one():
+def test_a_persistent_straggler_is_excluded_on_several_hosts():
     straggler = [Anomaly("straggler", "error", 20, rank=3)]
-    for hosts, second in ((2, "exclude"), (1, "restart")):
-        ladder = ResponseLadder(hosts=hosts)
-        assert [d.action for d in ladder.decide(straggler, 20, now=0.0)] == ["rebalance"]
-        assert [d.action for d in ladder.decide(straggler, 50, now=1.0)] == [second]
-        ladder.set_ladders(FaultPolicy(actions={"straggler": ["exclude"]}))
-        assert ladder.ladders["straggler"] == [second]
+    ladder = ResponseLadder(hosts=2)
+    assert [d.action for d in ladder.decide(straggler, 20, now=0.0)] == ["rebalance"]
+    assert [d.action for d in ladder.decide(straggler, 50, now=1.0)] == ["exclude"]
+
+
+def test_on_one_host_a_persistent_straggler_stays_rebalanced_and_a_person_is_asked():
+    straggler = [Anomaly("straggler", "error", 20, rank=1)]
+    ladder = ResponseLadder(hosts=1)
+    assert ladder.decide(straggler, 20, now=0.0)[0].action == "rebalance"
+    (asked,) = ladder.decide(straggler, 50, now=1.0)
+    assert asked.action == "observe"  # neither an exclude, nor a pause
+    assert asked.params == {"skipped": ["exclude"], "needs_attention": "pause"}
+    assert asked.reason == ("repeat within the window; exclude skipped: the job runs on one "
+                            "host, with no other to move to; needs attention")
+    # named again while the person has not answered: the run goes on as it is, asked once
+    (again,) = ladder.decide(straggler, 80, now=2.0)
+    assert (again.action, again.params) == ("observe", {})
+    assert again.reason == "needs attention (asked at step 50)"
+
+
+def test_a_restart_never_answers_a_straggler_it_cannot_cure():
+    ladder = ResponseLadder(FaultPolicy(actions={"straggler": ["restart", "exclude", "pause"]}),
+                            hosts=2)
+    (decided,) = ladder.decide([Anomaly("straggler", "error", 20, rank=3)], 20, now=0.0)
+    assert (decided.action, decided.params) == ("exclude", {"skipped": ["restart"]})
+    assert "restart skipped: the ranks restart on the same hosts" in decided.reason
+
+
+def test_rungs_that_cannot_help_say_why_and_others_may():
+    assert cannot_help("exclude", "straggler", hosts=1) is not None
+    assert cannot_help("exclude", "straggler", hosts=2) is None
+    assert cannot_help("restart", "straggler", hosts=4) is not None
+    assert cannot_help("restart", "hang", hosts=1) is None

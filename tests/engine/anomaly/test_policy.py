@@ -25,9 +25,7 @@ KINDS_LIST = ("nan, loss_spike, grad_spike, throughput_drop, straggler, hang, ex
 def test_the_default_policy_is_valid_and_in_force_as_the_defaults():
     assert policy_errors(FaultPolicy()) == {}
     assert policy_thresholds(FaultPolicy()) == DEFAULTS
-    assert policy_ladders(FaultPolicy(), hosts=2) == DEFAULT_LADDERS
-    one_host = policy_ladders(FaultPolicy(), hosts=1)
-    assert one_host == {**DEFAULT_LADDERS, "straggler": ["rebalance", "restart", "pause"]}
+    assert policy_ladders(FaultPolicy()) == DEFAULT_LADDERS
 
 
 def test_every_bad_threshold_is_named_with_why():
