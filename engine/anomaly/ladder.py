@@ -99,7 +99,11 @@ class ResponseLadder:
     def _decide_kind(self, kind: str, anomaly: Anomaly, step: int, now: float) -> Decision:
         ladder = self.ladders[kind]
         last = self.last_step.get(kind)
-        repeat = last is not None and step - last <= self.reset_after
+        # a straggler named anew, not `persisting`, is another episode (ranks sharing busy
+        # cores drift apart for a while): rebalancing answers it again; only one that
+        # rebalancing did not bring back climbs the ladder
+        repeat = (last is not None and step - last <= self.reset_after
+                  and anomaly.evidence.get("persisting") is not False)
         self.last_step[kind] = step
         if not repeat:
             self.attention.pop(kind, None)

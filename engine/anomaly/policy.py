@@ -20,13 +20,17 @@ from engine.errors import SpecError
 DEFAULTS: dict[str, dict[str, float]] = {
     "nan": {},
     # EwmaZ(alpha, warmup, z) plus a relative floor; > max_factor x the max seen after
-    # max_after steps is catastrophic whatever the variance (Megatron's rule)
-    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 3.0, "min_rise": 0.25,
+    # max_after steps is catastrophic whatever the variance (Megatron's rule). A healthy
+    # small-batch run's loss noise reaches z 3.6 at 1.4x its running mean every few hundred
+    # steps (nano, 8 x 64 tokens a step): a spike is at least twice the mean and z 4
+    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 4.0, "min_rise": 1.0,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     # the gradient norm swings widely early in training (a clean tiny run reaches 8x its
     # running mean near step 30), so it is judged only after 100 steps and more strictly;
-    # an early injected spike is caught by the loss detector in the same step
-    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 2.0,
+    # an early injected spike is caught by the loss detector in the same step. Later, a
+    # healthy nano run's pre-clip norm reaches 3.8x its running mean (z 27: its variance is
+    # small), so only the rise tells: 6x the mean
+    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 5.0,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     # windowed median throughput against the best windowed median (NVRx: best/current < 0.7)
     "throughput_drop": {"ratio": 0.7, "window": 10, "warmup": 5},

@@ -125,6 +125,14 @@ def test_on_one_host_a_persistent_straggler_stays_rebalanced_and_a_person_is_ask
     assert again.reason == "needs attention (asked at step 50)"
 
 
+def test_a_straggler_named_anew_is_rebalanced_again_and_only_a_persisting_one_climbs():
+    ladder = ResponseLadder(hosts=2)
+    named = [Anomaly("straggler", "error", s, rank=1, evidence={"persisting": p})
+             for s, p in ((20, False), (40, False), (70, True))]
+    assert [ladder.decide([a], a.step, 0.0)[0].action for a in named] == [
+        "rebalance", "rebalance", "exclude"]
+
+
 def test_a_restart_never_answers_a_straggler_it_cannot_cure():
     ladder = ResponseLadder(FaultPolicy(actions={"straggler": ["restart", "exclude", "pause"]}),
                             hosts=2)
