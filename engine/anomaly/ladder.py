@@ -170,7 +170,8 @@ class ResponseLadder:
         return {"rung": dict(self.rung), "last_step": dict(self.last_step),
                 "retries": {str(k): v for k, v in self.retries.items()},
                 "rollback_times": list(self.rollback_times),
-                "restart_times": {k: list(v) for k, v in self.restart_times.items()}}
+                "restart_times": {k: list(v) for k, v in self.restart_times.items()},
+                "attention": dict(self.attention)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rung = dict(state["rung"])
@@ -179,3 +180,4 @@ class ResponseLadder:
         self.rollback_times = list(state["rollback_times"])
         # checkpoints from before the policy's restarts were counted per kind have none
         self.restart_times = {k: list(v) for k, v in state.get("restart_times", {}).items()}
+        self.attention = dict(state.get("attention", {}))
