@@ -22,8 +22,8 @@ same data again; lr_cut - redo the step with the learning rate times `lr_factor`
 save now; rebalance - shares of the batch that follow the ranks' speeds (engine.runtime.
 rebalance); rollback - load the last good checkpoint and skip the data window since then;
 exclude - train on while the platform drains the straggler's host and moves the job off it;
-restart - snapshot the last step to the memory tier
-and restart the ranks from it; pause - checkpoint, stop, wait for a person.
+restart - snapshot the last step to the memory tier and restart the ranks from it; pause -
+checkpoint, stop, wait for a person.
 """
 
 from __future__ import annotations
