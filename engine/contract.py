@@ -379,7 +379,9 @@ class ProposalEvent(Event):
     `pending` with the anomaly's evidence, the wall-clock `deadline` and the `default` taken
     then, and again once it is decided, with the action taken (`take`) and who decided `by`
     (a person's `decide` command, naming its id, or the timeout). `hold`: whether the ranks
-    wait at the step boundary meanwhile (else they train on, observing)."""
+    wait at the step boundary meanwhile (else they train on, observing). The ladder also
+    raises one itself when no rung that can help remains (`reason` says "needs attention"
+    and which rungs were skipped): the run trains on as it is, `default` "observe"."""
 
     type: ClassVar[str] = "proposal"
     id: str
@@ -394,6 +396,7 @@ class ProposalEvent(Event):
     take: str | None = None
     by: str | None = None
     command: str | None = None
+    reason: str | None = None
 
 
 class RerunCause(StrEnum):

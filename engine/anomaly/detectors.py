@@ -13,8 +13,9 @@ state is plain numbers and lists, so `state_dict()` goes into the checkpoint as 
 Where the defaults differ from the spec's, it is for short runs on small models: the EwmaZ
 warm-up is 5 steps for the loss and 20 for the grad norm (whose first steps swing more), not
 120, so a spike early in a run is still caught; to keep a noisy but healthy curve quiet, a
-flag also needs the value to be `min_rise` above the mean (25% for the loss, 2x for the grad
-norm). On a falling loss the EWMA mean lags above the curve, so noise rarely gets there.
+flag also needs the value to be `min_rise` above the mean (twice the mean for the loss, 6x
+for the grad norm). On a falling loss the EWMA mean lags above the curve, so noise rarely
+gets there.
 """
 
 from __future__ import annotations

@@ -20,13 +20,17 @@ from engine.errors import SpecError
 DEFAULTS: dict[str, dict[str, float]] = {
     "nan": {},
     # EwmaZ(alpha, warmup, z) plus a relative floor; > max_factor x the max seen after
-    # max_after steps is catastrophic whatever the variance (Megatron's rule)
-    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 3.0, "min_rise": 0.25,
+    # max_after steps is catastrophic whatever the variance (Megatron's rule). A healthy
+    # small-batch run's loss noise reaches z 3.6 at 1.4x its running mean every few hundred
+    # steps (nano, 8 x 64 tokens a step): a spike is at least twice the mean and z 4
+    "loss_spike": {"alpha": 0.02, "warmup": 5, "z": 4.0, "min_rise": 1.0,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     # the gradient norm swings widely early in training (a clean tiny run reaches 8x its
     # running mean near step 30), so it is judged only after 100 steps and more strictly;
-    # an early injected spike is caught by the loss detector in the same step
-    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 2.0,
+    # an early injected spike is caught by the loss detector in the same step. Later, a
+    # healthy nano run's pre-clip norm reaches 3.8x its running mean (z 27: its variance is
+    # small), so only the rise tells: 6x the mean
+    "grad_spike": {"alpha": 0.02, "warmup": 100, "z": 4.0, "min_rise": 5.0,
                    "max_factor": 10.0, "max_after": 100, "wide": 3},
     # windowed median throughput against the best windowed median (NVRx: best/current < 0.7)
     "throughput_drop": {"ratio": 0.7, "window": 10, "warmup": 5},
@@ -69,7 +73,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "grad_spike": ["skip_update", "lr_cut", "rollback", "pause"],
     "throughput_drop": ["observe"],
     # AntDT: less data; a persistent straggler's host is drained and the job goes on without it
-    # (on one host there is no other: the ranks restart)
+    # (on one host there is no other: it stays rebalanced and a person is asked, ladder.py)
     "straggler": ["rebalance", "exclude", "pause"],
     "hang": ["restart", "pause"],
     "expert_collapse": ["observe", "lr_cut", "rollback", "pause"],
@@ -86,8 +90,9 @@ _PATH = "faults.policy"
 
 # Upper bounds (README's spec table): a day's hang timeout, a hundred restarts, and for every
 # threshold (counts of steps, factors, z-scores) a million, which no detector needs.
-BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100,
-                          "approve_timeout_s": 86400, "thresholds.*.*": 1_000_000}
+BOUNDS: dict[str, int] = {"hang_timeout_s": 86400, "max_restarts": 100, "policy_restarts": 100,
+                          "policy_restart_window_s": 7 * 86400, "approve_timeout_s": 86400,
+                          "thresholds.*.*": 1_000_000}
 PROPOSED = "proposed"  # `approve_default`: on timeout, take the action that was proposed
 APPROVE_WHILE = ("hold", "observe")  # what the run does while a proposal waits
 
@@ -97,7 +102,10 @@ class FaultPolicy:
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     actions: dict[str, list[str]] = field(default_factory=dict)
     hang_timeout_s: float = 300.0
-    max_restarts: int = 3
+    max_restarts: int = 3  # crash restarts (a rank died), the launcher's
+    # restarts the policy asks for, per anomaly kind within the window; then the next rung
+    policy_restarts: int = 2
+    policy_restart_window_s: float = 3600.0
     approve: list[str] = field(default_factory=list)
     approve_timeout_s: float = 300.0
     approve_default: str = PROPOSED
@@ -110,9 +118,13 @@ def policy_errors(policy: FaultPolicy) -> dict[str, str]:
               **_approval_errors(policy)}
     if policy.hang_timeout_s <= 0:
         errors[f"{_PATH}.hang_timeout_s"] = "must be positive"
-    if policy.max_restarts < 0:
-        errors[f"{_PATH}.max_restarts"] = "must be at least 0"
-    for name in ("hang_timeout_s", "max_restarts", "approve_timeout_s"):
+    for name in ("max_restarts", "policy_restarts"):
+        if getattr(policy, name) < 0:
+            errors[f"{_PATH}.{name}"] = "must be at least 0"
+    if policy.policy_restart_window_s <= 0:
+        errors[f"{_PATH}.policy_restart_window_s"] = "must be positive"
+    for name in ("hang_timeout_s", "max_restarts", "policy_restarts", "policy_restart_window_s",
+                 "approve_timeout_s"):
         if getattr(policy, name) > BOUNDS[name]:
             errors[f"{_PATH}.{name}"] = f"must be at most {BOUNDS[name]}"
     return errors
@@ -125,12 +137,10 @@ def policy_thresholds(policy: FaultPolicy) -> dict[str, dict[str, float]]:
             for kind, params in DEFAULTS.items()}
 
 
-def policy_ladders(policy: FaultPolicy, hosts: int = 1) -> dict[str, list[str]]:
-    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field.
-    A job on one host (`hosts`) has no host to exclude: its `exclude` rungs restart."""
+def policy_ladders(policy: FaultPolicy) -> dict[str, list[str]]:
+    """DEFAULT_LADDERS with the policy's ladders in place; SpecError naming every bad field."""
     _check(policy)
-    return {kind: [("restart" if action == "exclude" and hosts < 2 else action)
-                   for action in policy.actions.get(kind, ladder)]
+    return {kind: list(policy.actions.get(kind, ladder))
             for kind, ladder in DEFAULT_LADDERS.items()}
 
 

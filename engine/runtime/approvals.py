@@ -8,7 +8,9 @@ answers it (approve, choose another action, dismiss) or the deadline passes; the
 carried out on this step's update. With "observe" the run trains on, observing, and the
 decision is carried out on the update of the step where it arrives. The deadline is checked
 here, so the timeout rule holds without the platform too. A `decide` for a proposal that is
-no longer pending is refused with the reason.
+no longer pending is refused with the reason. A decision that `needs_attention` (the ladder
+skipped the rungs that could not help, engine.anomaly.ladder) raises a proposal of the action
+named there, which never holds and by default leaves the run as it is.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class Approvals:
         settled, self.decided = self.decided, None
         if settled is not None:  # a person's answer (or the timeout) outranks this step's own
             return dataclasses.replace(settled, step=step)
+        if decision is not None and "needs_attention" in decision.params:
+            if self.pending is None:  # the run trains on as it is while a person looks
+                self._propose(dataclasses.replace(decision, action=decision.params[
+                    "needs_attention"], params={}), anomalies, now, attention=decision.reason)
+            return decision
         if decision is None or decision.action not in self.policy.approve:
             return decision
         if self.pending is not None:  # one proposal at a time: the later one is only seen
@@ -72,15 +79,19 @@ class Approvals:
                                        "training on while it waits")
         return self._hold(step, now)
 
-    def _propose(self, decision: Decision, anomalies: list[Anomaly], now: float) -> None:
+    def _propose(self, decision: Decision, anomalies: list[Anomaly], now: float,
+                 attention: str | None = None) -> None:
+        """Raise a proposal of `decision`; with `attention` (why) one the ladder raised
+        itself, which never holds the run and by default leaves it as it is."""
         self.count += 1
         cause = next((a for a in anomalies if a.kind == decision.anomaly), None)
         event = ProposalEvent(
             step=decision.step, id=f"p-{decision.step}-{self.count}",
             status=ProposalStatus.PENDING, action=decision.action, anomaly=decision.anomaly,
-            deadline=now + self.policy.approve_timeout_s, default=self._default(decision),
-            hold=self.policy.approve_while == "hold", rank=decision.rank,
-            evidence=cause.evidence if cause is not None else {})
+            deadline=now + self.policy.approve_timeout_s,
+            default="observe" if attention else self._default(decision),
+            hold=not attention and self.policy.approve_while == "hold", rank=decision.rank,
+            evidence=cause.evidence if cause is not None else {}, reason=attention)
         self.pending = Proposal(decision, event)
         self.emit(event)
 

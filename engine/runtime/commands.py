@@ -50,7 +50,9 @@ class CommandRefused(ValueError):
 
 @dataclass
 class Outcome:
-    """How a run of the ranks ended: completed, pause, cancel or reshard (to `parallel`)."""
+    """How a run of the ranks ended: completed, pause, cancel, reshard (to `parallel`),
+    restart (the fault policy's, from the snapshot just taken) or failed (a configuration
+    error, `reason` its message)."""
 
     kind: str
     step: int

@@ -29,14 +29,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine.errors import SpecError
+from engine.errors import ConfigError, SpecError
 from engine.runtime.confine import expand, open_confined
 from engine.runtime.spec import DatasetSpec, JobSpec, share_errors
 
 T = TypeVar("T")
 
 
-class DataError(ValueError):
+class DataError(ConfigError):
     """A dataset could not be loaded; the message names the spec field at fault."""
 
 

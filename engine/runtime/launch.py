@@ -43,6 +43,7 @@ from engine.contract import (
     checkpoint_tiers,
     memory_dir,
 )
+from engine.errors import ConfigError
 from engine.ports import free_port
 from engine.runtime.commands import Outcome
 from engine.runtime.control import ControlChannel
@@ -67,6 +68,8 @@ class RunTarget:
     resume_from: Path | None = None
     metrics_port: int | None = None  # rank 0 serves Prometheus text at /metrics
     lead: bool = True  # whether this launcher publishes the lifecycle (see Rendezvous)
+    # the fault policy restarted the ranks: they resume from the run's own newest checkpoint
+    restarted: bool = False
 
     def emit(self, event: Event) -> None:
         if not self.lead:  # another host's launcher: why it ended, on its console only
@@ -136,7 +139,7 @@ def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Pa
     after an automatic restart the run's own checkpoints (memory tier first), if any."""
     if target.resume_from is not None:
         return [target.resume_from]
-    if restarted:
+    if restarted or target.restarted:
         tiers = checkpoint_tiers(checkpoint_dir(spec.checkpoint.dir, target.run_dir))
         if any(list_checkpoints(d) for d in tiers):
             return tiers
@@ -203,7 +206,12 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     try:
         # on another world, the run goes on from its newest checkpoint, resharded
         sources = resume_sources(spec, target, restarted or relaid is not None)
-        trainer = Trainer(spec, target.run_dir, events, sources, control, target.metrics_port)
+        try:
+            trainer = Trainer(spec, target.run_dir, events, sources, control, target.metrics_port)
+        except ConfigError as e:
+            # every rank finds the same fault in the same spec and data: running them again
+            # cannot help, so the run ends here rather than raise (which would restart it)
+            return Outcome("failed", 0, reason=str(e))
         return trainer.fit()
     finally:
         for channel in (events, control):
@@ -261,6 +269,12 @@ def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) ->
             target.emit(StateEvent(step=0, state="failed", error=f"launcher: {e}",
                                    traceback=traceback.format_exc()))
             return ExitCode.FAILED
+        incarnation += 1
+        if outcome.kind == "restart":
+            # the policy's, from the snapshot the ranks just took: not a crash, so it spends
+            # none of the crash restarts (`max_restarts`); the ladder bounds these per kind
+            target = dataclasses.replace(target, resume_from=None, restarted=True)
+            continue
         if outcome.kind != "reshard":
             break
         # relaunch on the new layout, loading the checkpoint the old one just wrote; the
@@ -269,9 +283,16 @@ def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) ->
         micro_batch = spec.train.micro_batch * spec.parallel.world_size // world
         spec = parse_spec(with_layout(spec.to_dict(), outcome.parallel, micro_batch))
         target = dataclasses.replace(target, resume_from=directory)
-        incarnation += 1
         target.emit(StateEvent(step=outcome.step, state="resharding",
                                parallel=outcome.parallel, micro_batch=micro_batch))
+    return _ended(outcome, target)
+
+
+def _ended(outcome: Outcome, target: RunTarget) -> int:
+    """Publish how the ranks ended the run; the process exit code that says it."""
+    if outcome.kind == "failed":  # a configuration error, never retried
+        target.emit(StateEvent(step=outcome.step, state="failed", error=outcome.reason))
+        return ExitCode.FAILED
     final = {"completed": ("completed", ExitCode.COMPLETED), "pause": ("paused", ExitCode.PAUSED),
              "cancel": ("cancelled", ExitCode.CANCELLED)}
     state, code = final[outcome.kind]

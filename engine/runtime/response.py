@@ -22,11 +22,6 @@ from engine.runtime.rerun import Attribution
 Emit = Callable[[Event], None]
 
 
-class RestartRequested(RuntimeError):
-    """The fault policy restarts the ranks: this rank exits, the launcher restarts them all
-    and they resume from the newest checkpoint."""
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What the loop does with a step's update; `decision` is the ladder's (None: no anomaly)."""
@@ -70,14 +65,10 @@ class Rollback(Verdict):
 
 @dataclass(frozen=True)
 class Stop(Verdict):
-    """Drop the gradients, checkpoint the last step and end the run with `outcome`."""
+    """Drop the gradients, checkpoint the last step and end the run with `outcome`: "pause",
+    or "restart" (the launcher starts the ranks again at once, from that checkpoint)."""
 
     outcome: str = "pause"
-
-
-@dataclass(frozen=True)
-class Restart(Verdict):
-    """Drop the gradients and have the launcher restart every rank from a checkpoint."""
 
 
 def verdict_for(decision: Decision | None) -> Verdict:
@@ -96,10 +87,8 @@ def verdict_for(decision: Decision | None) -> Verdict:
         return Apply(decision, rebalance=True)
     if action == "rollback":
         return Rollback(decision)
-    if action == "pause":
-        return Stop(decision, outcome="pause")
-    if action == "restart":
-        return Restart(decision)
+    if action in ("pause", "restart"):
+        return Stop(decision, outcome=action)
     return Apply(decision)
 
 

@@ -39,8 +39,6 @@ from engine.runtime.response import (
     Discard,
     FaultResponse,
     Rerun,
-    Restart,
-    RestartRequested,
     Rollback,
     Stop,
     Verdict,
@@ -136,8 +134,8 @@ class Trainer:
         c, p = self.spec.checkpoint, self.spec.parallel
         return Checkpointer(
             checkpoint_dir(c.dir, self.run_dir), rank=self.rank, world_size=self.world_size,
-            keep=c.keep, every=c.every, memory_every=c.memory_every,
-            memory_dir="auto" if c.memory_every > 0 else None,
+            # the memory tier is always there: a restart the policy asks for snapshots to it
+            keep=c.keep, every=c.every, memory_every=c.memory_every, memory_dir="auto",
             # the spec travels with the checkpoint: an export or a clone needs no other file
             meta={"strategy": self.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
                   "name": self.spec.name, "spec": self.spec.to_dict()},
@@ -250,14 +248,17 @@ class Trainer:
                 except CommandRefused as e:  # nothing to go back to yet: the update is skipped
                     s.step -= 1
                     outcome = {"carried_out": "skip_update", "error": str(e)}
-            case Stop(outcome=kind):
+            case Stop(outcome=kind, decision=decision):
                 s.step -= 1
-                self.stopped = Outcome(kind, s.step)
-                outcome = {"checkpoint": str(self.checkpoints.save())}
+                if kind == "restart":  # the ranks are healthy: after it, this step's data
+                    self.loader.position = position
+                self.stopped = Outcome(kind, s.step, reason=f"{decision.anomaly}: "
+                                                            f"{decision.reason}")
+                # a restart resumes at once on these hosts, from RAM (0 steps lost); a pause
+                # may resume anywhere, later, so it goes to disk
+                saved = self.checkpoints.save(to_disk=kind != "restart")
+                outcome = {"checkpoint": str(saved)}
                 self.checkpoints.persist()
-            case Restart(decision=decision):
-                self.response.announce(verdict)
-                raise RestartRequested(f"step {s.step}: {decision.reason or decision.anomaly}")
         self.response.announce(verdict, **outcome)
         # after the step count is settled: the timer follows it
         self.telemetry.end_step(s.step, trace_next=self.response.found)

@@ -25,9 +25,7 @@ KINDS_LIST = ("nan, loss_spike, grad_spike, throughput_drop, straggler, hang, ex
 def test_the_default_policy_is_valid_and_in_force_as_the_defaults():
     assert policy_errors(FaultPolicy()) == {}
     assert policy_thresholds(FaultPolicy()) == DEFAULTS
-    assert policy_ladders(FaultPolicy(), hosts=2) == DEFAULT_LADDERS
-    one_host = policy_ladders(FaultPolicy(), hosts=1)
-    assert one_host == {**DEFAULT_LADDERS, "straggler": ["rebalance", "restart", "pause"]}
+    assert policy_ladders(FaultPolicy()) == DEFAULT_LADDERS
 
 
 def test_every_bad_threshold_is_named_with_why():
@@ -69,11 +67,14 @@ def test_rerun_answers_only_what_is_found_before_the_update():
 
 
 def test_the_hang_timeout_must_be_positive_and_restarts_not_negative():
-    assert policy_errors(FaultPolicy(hang_timeout_s=0, max_restarts=-1)) == {
+    assert policy_errors(FaultPolicy(hang_timeout_s=0, max_restarts=-1, policy_restarts=-1,
+                                     policy_restart_window_s=0)) == {
         "faults.policy.hang_timeout_s": "must be positive",
         "faults.policy.max_restarts": "must be at least 0",
+        "faults.policy.policy_restarts": "must be at least 0",
+        "faults.policy.policy_restart_window_s": "must be positive",
     }
-    assert policy_errors(FaultPolicy(hang_timeout_s=0.5, max_restarts=0)) == {}
+    assert policy_errors(FaultPolicy(hang_timeout_s=0.5, max_restarts=0, policy_restarts=0)) == {}
 
 
 def test_overrides_replace_only_what_they_name():

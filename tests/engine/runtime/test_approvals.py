@@ -122,6 +122,34 @@ def test_while_training_on_the_agreed_clock_times_the_proposal_out():
     assert proposals(events)[1:] == [("timed_out", "skip_update", "timeout")]
 
 
+STRAGGLER = Anomaly("straggler", "error", 50, rank=1, evidence={"score": 0.3})
+ATTENTION = Decision("observe", "straggler", 50, rung=2, rank=1,
+                     reason="exclude skipped: the job runs on one host; needs attention",
+                     params={"skipped": ["exclude"], "needs_attention": "pause"})
+
+
+def test_a_decision_that_needs_attention_asks_a_person_and_trains_on_meanwhile():
+    a, events, watchdog = approvals()  # `approve` holds for a rollback, never for this
+    assert a.review(ATTENTION, [STRAGGLER], 50, NOW) is ATTENTION
+    (asked,) = events
+    assert (asked.status, asked.action, asked.anomaly, asked.rank, asked.reason) == (
+        "pending", "pause", "straggler", 1, ATTENTION.reason)
+    assert (asked.default, asked.hold, asked.evidence) == ("observe", False, {"score": 0.3})
+    assert watchdog.calls == []
+    # nobody answers: at the deadline the run stays as it is
+    assert a.review(None, [], 60, NOW + 5.0).action == "observe"
+    assert proposals(events)[1:] == [("timed_out", "observe", "timeout")]
+
+
+def test_approving_a_needs_attention_proposal_pauses_the_run():
+    a, events, _ = approvals()
+    a.review(ATTENTION, [STRAGGLER], 50, NOW)
+    h, _, _ = handler()
+    h.approvals = a
+    h.handle([decide("approve", proposal="p-50-1")])
+    assert a.review(None, [], 51, NOW + 1).action == "pause"
+
+
 def test_two_ranks_hold_at_a_spike_until_the_rollback_is_approved(tmp_path):
     spec = nano("approve", steps=16, every=5)
     spec["faults"] = {"policy": {"actions": {"loss_spike": ["rollback"], "straggler": ["observe"]},

@@ -218,3 +218,35 @@ def test_a_slow_rank_is_rebalanced_the_losses_stay_the_clean_runs_and_shares_com
     # their samples' float32 gradients differently, which 48 Adam steps carry on (measured up
     # to 1.0e-4 apart at the last steps, the more the longer the shares stay uneven)
     assert losses(slowed) == pytest.approx(losses(clean), rel=5e-4)
+
+
+def test_a_rank_slow_for_the_rest_of_a_one_host_run_stays_rebalanced_and_a_person_is_asked(
+        tmp_path):
+    """1 x 2 ranks, rank 1 slowed 20x from step 3 to the end: more than its smallest share
+    can make up for, so it is named again after rebalancing. Neither a restart (the same
+    hosts) nor an exclude (no other host) can help: the run trains on, rebalanced, and asks a
+    person."""
+    events = run(tmp_path, {
+        "name": "persistent", "model": {"preset": "nano"},
+        "parallel": {"nodes": 1, "procs_per_node": 2},
+        "train": {"steps": 30, "micro_batch": 4, "seq_len": 32, "eval_every": 0, "threads": 1},
+        "checkpoint": {"every": 0},
+        "faults": {"inject": [{"kind": "slow_rank", "step": 3, "rank": 1, "factor": 20.0}],
+                   "policy": {"thresholds": {"straggler": {
+                       "warmup": 2, "window": 3, "patience": 2, "persist": 6,
+                       "rebalance_window": 3}}}},
+    })
+    assert sorted(e["step"] for e in events if e["type"] == "step") == list(range(1, 31))
+    assert events[-1]["state"] == "completed"
+    actions = [e for e in events if e["type"] == "action"]
+    assert {"restart", "exclude", "pause"}.isdisjoint(a["action"] for a in actions)
+    rebalanced = [a for a in actions if a["action"] == "rebalance"]
+    assert rebalanced and rebalanced[-1]["shares"][1] < rebalanced[-1]["shares"][0]
+
+    (asked,) = [a for a in actions if a.get("needs_attention")]
+    assert (asked["action"], asked["anomaly"], asked["skipped"]) == ("observe", "straggler",
+                                                                     ["exclude"])
+    (proposal,) = [e for e in events if e["type"] == "proposal"]
+    assert (proposal["status"], proposal["action"], proposal["default"], proposal["hold"]) == (
+        "pending", "pause", "observe", False)
+    assert "exclude skipped" in proposal["reason"] and proposal["rank"] == 1
