@@ -62,10 +62,10 @@ class Comm:
     def reduce_scatter(self, tier: str, full: torch.Tensor) -> torch.Tensor:
         """Sum `full` over the tier's group; return this rank's 1/n slice (in group order). On
         gloo the slice is a view into a buffer that the next reduce-scatter on the same tier
-        overwrites: use it before then."""
+        overwrites: use it before then. A group of one returns `full` itself."""
         n = self._members(tier)
         if not self._count(tier, _nbytes(full), 1):
-            return full.clone()
+            return full
         with self._timed("reduce_scatter", tier, full):
             if dist.get_backend() == "gloo":
                 return self._ring_reduce_scatter(tier, full)
@@ -76,7 +76,8 @@ class Comm:
     def all_gather(
         self, tier: str, shard: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Concatenate the group's shards (in group order) into `out` (allocated if None)."""
+        """Concatenate the group's shards (in group order) into `out` (allocated if None).
+        `shard` may be this rank's own slice of `out`: the gather is then in place."""
         if out is None:
             out = shard.new_empty(shard.numel() * self._members(tier))
         if not self._count(tier, _nbytes(out), 1):
@@ -109,9 +110,12 @@ class Comm:
         return out
 
     def global_all_gather(self, block: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Every rank's global block, in the nested layout, into `out`."""
+        """Every rank's global block, in the nested layout, into `out`; `block` may be this
+        rank's own block of `out` (in place)."""
         if self.collective == "native":
-            return self.all_gather("intra", self.all_gather("inter", block), out=out)
+            # the rail's blocks make up this rank's intra shard: gather them in its place
+            mine = out.view(self.topo.procs_per_node, -1)[self.topo.local_rank_of(dist.get_rank())]
+            return self.all_gather("intra", self.all_gather("inter", block, out=mine), out=out)
         self._count_global(out)
         with self._timed("all_gather", "global", out):
             engine.horing.all_gather(out, block, self.topo, self.collective, layout="nested")

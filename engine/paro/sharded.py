@@ -13,6 +13,13 @@ resharding). Three copies of that buffer exist, each partitioned at its own leve
 Each micro-step reduces the local gradient to level g; the boundary reduces it to level os,
 averages, clips on the global norm, steps AdamW on the owned shard and brings the parameters
 back to level p. Which collectives that takes is exactly the spec's section 5 table.
+
+The step costs a few passes over flat buffers whatever the parameter count: every parameter's
+`.grad` is a view into the flat gradient buffer, so backward accumulates into it in place
+(level g = N: straight into the accumulator); the global norm is one reduction of the buffer;
+the average and the clip are folded into the fused AdamW's gradient scale; the master shard
+goes back to the parameters in one conversion into their flat buffer, which the parameter
+gathers then fill in place around it.
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.adamw import adamw
 
 from engine.horing.topology import Topology
 from engine.paro.comm import Comm
@@ -124,7 +130,9 @@ class ShardedDataParallel:
         self._exp_avg = torch.zeros_like(self._master)
         self._exp_avg_sq = torch.zeros_like(self._master)
         self._grad = full.new_zeros(lay.size(s.grads))
-        self._local_grad = full.new_zeros(lay.padded)
+        # backward's target: the accumulator itself when it is replicated, else a full buffer
+        # that each micro-step reduces to level g
+        self._local_grad = self._grad if s.grads == "N" else full.new_zeros(lay.padded)
         # AdamW's weight decay goes to matrices only: the shard's runs with it, and without
         with_decay, without = _split(self._owned_ranges(lambda p: p.ndim >= 2, s.optim),
                                      self._master.numel())
@@ -161,16 +169,15 @@ class ShardedDataParallel:
             output = self.module(input_ids, labels)
         self._free_params()
         self._gather_params()
+        self._attach_grads()
         with self.timer.op("backward"):
             (output.loss * weight.numerator / weight.denominator).backward()
-        grad = self._take_local_grad()
         self._free_params()
         level = self.strategy.grads
-        if level == "I":
-            grad = self.comm.reduce_scatter("intra", grad)
-        elif level == "G":
-            grad = self.comm.global_reduce_scatter(grad)
-        self._grad += grad
+        if level != "N":
+            grad = (self.comm.reduce_scatter("intra", self._local_grad) if level == "I"
+                    else self.comm.global_reduce_scatter(self._local_grad))
+            self._grad += grad
         self._micro_steps += 1
         return output
 
@@ -195,21 +202,10 @@ class ShardedDataParallel:
             grad = comm.all_reduce("inter", grad.float() if s.params == "N" else grad)
         elif (s.grads, s.optim) == ("I", "G"):
             grad = comm.reduce_scatter("inter", grad)
-        grad = grad.float().div_(self.topo.world_size)
-
-        # The global norm sums each element once: over the world for G shards, over the
-        # group for I shards (identical in every group), locally for replicated N.
-        norm_sq = grad.pow(2).sum()
-        if s.optim in ("G", "I"):
-            group, members = (("global", self.topo.world_size) if s.optim == "G"
-                              else ("intra", self.topo.procs_per_node))
-            with self.timer.op(f"grad_norm.{group}", kind="collective", nbytes=4, group=group,
-                               algo="native", collective="all_reduce", group_size=members):
-                dist.all_reduce(norm_sq, group=self.topo.intra if s.optim == "I" else None)
-        norm = float(norm_sq.sqrt())
-        if grad_clip > 0 and math.isfinite(norm):
-            grad.mul_(min(1.0, grad_clip / (norm + 1e-6)))
-        self._adamw(grad, lr)
+        norm = self._global_norm(grad) / self.topo.world_size
+        clip = min(1.0, grad_clip / (norm + 1e-6)) if grad_clip > 0 and math.isfinite(norm) else 1.0
+        # the average over ranks and the clip: AdamW divides the gradient by this as it reads it
+        self._adamw(grad.float(), lr, grad_scale=self.topo.world_size / clip)
         self._sync_params()
         self._grad.zero_()
         self._micro_steps = 0
@@ -218,8 +214,6 @@ class ShardedDataParallel:
     def discard(self) -> None:
         """Drop the gradients accumulated since the last step() without stepping (the fault
         policy's skip_update, retry_step, rollback and pause)."""
-        for p in self._params:
-            p.grad = None
         self._grad.zero_()
         self._micro_steps = 0
 
@@ -316,49 +310,71 @@ class ShardedDataParallel:
         if self.strategy.params != "N":
             self._full.untyped_storage().resize_(0)
 
-    def _take_local_grad(self) -> torch.Tensor:
-        """This micro-step's gradients as one flat buffer (reused every micro-step: a fresh one
-        of the model's size would page-fault its way in each time); the padding stays zero."""
+    def _attach_grads(self) -> None:
+        """Every parameter's `.grad` a view into the flat buffer backward writes: autograd then
+        accumulates into it in place, one flat buffer instead of a tensor per parameter and a
+        copy of each. Attached before every backward, as code outside (a zero_grad) may have
+        dropped them. A buffer reduced every micro-step starts from zero; the padding stays
+        zero."""
+        if self.strategy.grads != "N":
+            self._local_grad.zero_()
         grad = self._local_grad
         for p, off in zip(self._params, self._offsets, strict=True):
-            if p.grad is not None:
-                grad[off : off + p.numel()].copy_(p.grad.reshape(-1))
-                p.grad = None
-            else:
-                grad[off : off + p.numel()].zero_()
-        return grad
+            p.grad = grad[off : off + p.numel()].view_as(p)
+
+    def _global_norm(self, grad: torch.Tensor) -> float:
+        """The gradient's global norm: one fp32 reduction of this rank's buffer, summed over the
+        world for G shards, over the group for I shards (identical in every group), local for
+        replicated N, so each element counts once."""
+        s = self.strategy
+        norm_sq = _sum_of_squares(grad)
+        if s.optim in ("G", "I"):
+            group, members = (("global", self.topo.world_size) if s.optim == "G"
+                              else ("intra", self.topo.procs_per_node))
+            with self.timer.op(f"grad_norm.{group}", kind="collective", nbytes=4, group=group,
+                               algo="native", collective="all_reduce", group_size=members):
+                dist.all_reduce(norm_sq, group=self.topo.intra if s.optim == "I" else None)
+        return float(norm_sq.sqrt())
 
     @torch.no_grad()
-    def _adamw(self, grad: torch.Tensor, lr: float) -> None:
-        """torch.optim.AdamW on the owned fp32 shard, weight decay only on matrices (ndim >= 2)
-        as nanoGPT does, with torch's fused kernel: one pass over the shard instead of seven
-        (the tiny model's shard on one CPU thread: 10 ms instead of 96)."""
+    def _adamw(self, grad: torch.Tensor, lr: float, grad_scale: float) -> None:
+        """torch's fused AdamW kernel on the owned fp32 shard, reading `grad / grad_scale`: one
+        pass over the flat buffers (the maximal runs with and without weight decay, which goes
+        to matrices only (ndim >= 2) as nanoGPT does), not one tensor per parameter."""
         self.adam_step += 1
         beta1, beta2 = self.betas
+        # the kernel reads the step count (functional adamw counts it up first) and the scale
+        # from tensors on the shard's device
+        step = torch.tensor(float(self.adam_step), device=grad.device)
+        scale = torch.tensor(grad_scale, dtype=torch.float32, device=grad.device)
         for runs, decay in self._adam_groups:
-            adamw([self._master[r] for r in runs], [grad[r] for r in runs],
-                  [self._exp_avg[r] for r in runs], [self._exp_avg_sq[r] for r in runs], [],
-                  # the kernel counts each tensor's step up by one before it uses it
-                  [torch.tensor(float(self.adam_step - 1), device=grad.device) for _ in runs],
-                  fused=True, amsgrad=False, maximize=False, beta1=beta1, beta2=beta2, lr=lr,
-                  weight_decay=decay, eps=self.eps)
+            torch._fused_adamw_(
+                [self._master[r] for r in runs], [grad[r] for r in runs],
+                [self._exp_avg[r] for r in runs], [self._exp_avg_sq[r] for r in runs], [],
+                [step] * len(runs), lr=lr, beta1=beta1, beta2=beta2, weight_decay=decay,
+                eps=self.eps, amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
 
     @torch.no_grad()
     def _sync_params(self) -> None:
-        """Bring the updated master shard back to the parameters' level."""
-        s, comm = self.strategy, self.comm
+        """Bring the updated master shard back to the parameters' level: one conversion into
+        this rank's place in the parameter buffer, which the gathers then fill in place."""
+        s, lay, comm = self.strategy, self.layout, self.comm
         if s.params == s.optim and self._master_is_param:
             return  # AdamW updated the parameters in place
-        # a copy, also when the master is a view: the gathers below write over its storage
-        values = self._master.to(self._full.dtype, copy=True)
+        target = self._full if s.params == "N" else self._param_shard
+        start = (lay.start(s.optim, self._group, self._local)
+                 - lay.start(s.params, self._group, self._local))
+        own = target[start : start + lay.size(s.optim)]
+        if not self._master_is_param:  # an fp32 master is that place already
+            own.copy_(self._master)
         if s.params == s.optim:
-            (self._full if s.params == "N" else self._param_shard).copy_(values)
-        elif (s.params, s.optim) == ("N", "G"):
-            comm.global_all_gather(values, out=self._full)
+            return
+        if (s.params, s.optim) == ("N", "G"):
+            comm.global_all_gather(own, out=self._full)
         elif (s.params, s.optim) == ("N", "I"):
-            comm.all_gather("intra", values, out=self._full)
+            comm.all_gather("intra", own, out=self._full)
         elif (s.params, s.optim) == ("I", "G"):
-            comm.all_gather("inter", values, out=self._param_shard)
+            comm.all_gather("inter", own, out=self._param_shard)
         else:
             raise AssertionError(f"no parameter sync from os={s.optim} to p={s.params}")
 
@@ -379,6 +395,18 @@ def _split(ranges: list[slice], size: int) -> tuple[list[slice], list[slice]]:
     if at < size:
         outside.append(slice(at, size))
     return inside, outside
+
+
+def _sum_of_squares(flat: torch.Tensor, row: int = 4096) -> torch.Tensor:
+    """The fp32 sum of squares of a flat buffer in one pass and no temporary of its size.
+    By rows, then over the rows' norms: a single vector_norm (or dot) of a buffer of millions
+    accumulates so long on a CPU that its error reaches 1e-4 (1e-3 at 20M elements), where
+    the rows' norms keep pow(2).sum()'s accuracy at a tenth of its time."""
+    rows = flat.numel() // row
+    norms = torch.linalg.vector_norm(flat[: rows * row].view(rows, row), dim=1,
+                                     dtype=torch.float32)
+    tail = torch.linalg.vector_norm(flat[rows * row :], dtype=torch.float32)
+    return norms.square().sum() + tail.square()
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from engine.contract import STRATEGIES
 from engine.horing.topology import Topology
@@ -47,15 +48,19 @@ class TinyLM(nn.Module):
     """The MoE model's call convention, model(input_ids, labels) -> .loss; 1957 parameters,
     so the flat buffer needs padding for both world sizes."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden_layers: int = 0) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 16)
         self.norm = nn.LayerNorm(16)
         self.up = nn.Linear(16, 24)
+        self.hidden = nn.ModuleList(nn.Linear(24, 24) for _ in range(hidden_layers))
         self.down = nn.Linear(24, VOCAB)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Output:
-        logits = self.down(torch.tanh(self.up(self.norm(self.embed(input_ids)))))
+        x = torch.tanh(self.up(self.norm(self.embed(input_ids))))
+        for layer in self.hidden:
+            x = torch.tanh(layer(x))
+        logits = self.down(x)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
         return Output(loss, loss.detach())
 
@@ -383,3 +388,34 @@ def test_bf16_parameters_step_fp32_master_weights_and_follow_them(single_rank):
     assert not torch.equal(master[:length], flat.float())  # the master holds more than bf16
     assert dp.state_bytes()["optim"] == 3 * 4 * dp.layout.padded  # master, m, v in fp32
     assert losses[-1] < losses[0]
+
+
+def copies(run) -> int:
+    """aten::copy_ calls while `run()` runs (a copy per parameter shows as one per parameter)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return sum(e.name == "aten::copy_" for e in prof.events())
+
+
+def test_the_step_copies_no_parameter_one_by_one(single_rank):
+    """Backward writes the gradients into the flat buffer itself and the step works on flat
+    buffers: a micro-step copies no more than the model's own forward and backward do, and an
+    optimizer step's copies do not grow with the parameter count (bf16 parameters, so the step
+    also converts fp32 master weights back)."""
+    step_copies = []
+    batch = global_batch(0, 0, 1)
+    for hidden_layers in (0, 6):
+        torch.manual_seed(0)
+        model = TinyLM(hidden_layers).to(torch.bfloat16)
+        # the model's own forward and backward of the loss weighted 1 / grad_accum, as a
+        # micro-step weights it
+        own = copies(lambda m=model: (m(*batch).loss * 1 / 2).backward())
+        model.zero_grad()
+        dp = ShardedDataParallel(model, single_rank, "NNN", lr=LR, grad_accum=2)
+        dp.forward_backward(*batch)
+        assert copies(lambda d=dp: d.forward_backward(*batch)) == own
+        # every gradient lives in one flat buffer
+        assert len({p.grad.untyped_storage().data_ptr() for p in model.parameters()}) == 1
+        step_copies.append(copies(lambda d=dp: d.step(LR, CLIP)))
+    assert len(list(TinyLM(6).parameters())) == len(list(TinyLM().parameters())) + 12
+    assert step_copies[0] == step_copies[1] <= 6
