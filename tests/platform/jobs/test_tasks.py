@@ -5,11 +5,14 @@ from datetime import timedelta
 
 import psutil
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from hosts.models import Host
 from jobs.confinement import uploads_dir
+from jobs.launch import SERVER_PATH, stderr_path
 from jobs.models import Cause, Command, CommandKind, Job, State
+from jobs.supervisor import EngineReport, finish
 from monitor.models import Event, MetricPoint
 from tests.policies import OBSERVE_STRAGGLERS
 
@@ -78,7 +81,7 @@ def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, e
         "running", "cancelled", "api_token", "ada")
 
 
-def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(
+def test_a_configuration_error_fails_the_job_at_once_with_the_engines_message(
         api, user, celery_worker, small_spec, eventually):
     corpus = uploads_dir(user) / "broken.jsonl"  # read, by the user's own rights, then refused
     corpus.parent.mkdir(parents=True, exist_ok=True)
@@ -89,9 +92,23 @@ def test_an_engine_failure_fails_the_job_with_its_error_and_stderr(
                f"job {job_id} did not finish; worker log: {celery_worker.log_path}")
     job = Job.objects.get(pk=job_id)
     assert job.state == State.FAILED
-    assert f"{corpus}:1 is not JSON" in job.error  # the user's own file: named, not scrubbed
-    assert "engine stderr (tail)" in job.error
-    assert job.transitions.last().cause == "engine"
+    # the user's own file is named, not scrubbed; nothing was retried
+    assert job.error.startswith(f"train.dataset.paths: {corpus}:1 is not JSON")
+    assert job.launches == 1 and job.transitions.last().cause == "engine"
+
+
+def test_an_engine_that_dies_fails_the_job_with_the_tail_of_its_stderr(user, small_spec):
+    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+    job.start(supervisor="test")
+    job.mark_running()
+    stderr_path(job).parent.mkdir(parents=True, exist_ok=True)
+    stderr_path(job).write_text(f"Traceback\n  File \"{settings.REPO_ROOT}/engine/x.py\"\n"
+                                "RuntimeError: out of luck\n")
+    finish(job, 1, EngineReport())
+    job.refresh_from_db()
+    assert job.state == State.FAILED
+    assert job.error == ("the engine exited with code 1\n\n--- engine stderr (tail) ---\n"
+                         f"Traceback\n  File \"{SERVER_PATH}\"\nRuntimeError: out of luck")
 
 
 def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
