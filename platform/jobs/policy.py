@@ -110,14 +110,8 @@ def auto_pause(job: Job, event: ActionEvent) -> None:
     job.refresh_from_db(fields=["state"])
     if not policy.wants_pause(recent) or job.state != State.RUNNING:
         return
-    reason = (f"the engine's fault policy acted {recent} times within an hour "
-              f"(limit {policy.max_auto_actions_per_hour}): paused for a person")
-    try:
-        issue(job, CommandKind.PAUSE, {"reason": reason}, actor=POLICY_ACTOR, cause=Cause.POLICY,
-              engine_args={})
-    except IllegalTransition:
-        return
-    notify(job, "policy.pause", {"reason": reason, "auto_actions": recent})
+    _pause(job, f"the engine's fault policy acted {recent} times within an hour (limit "
+                f"{policy.max_auto_actions_per_hour}): paused for a person", auto_actions=recent)
 
 
 def storage_pause(job: Job) -> None:
@@ -132,14 +126,19 @@ def storage_pause(job: Job) -> None:
     job.refresh_from_db(fields=["state"])
     if stored <= limit or job.state != State.RUNNING:
         return
-    reason = (f"its owner's stored checkpoints take {stored:,} bytes, over their checkpoint "
-              f"storage quota of {limit:,} bytes: paused, nothing deleted")
+    _pause(job, f"its owner's stored checkpoints take {stored:,} bytes, over their checkpoint "
+                f"storage quota of {limit:,} bytes: paused, nothing deleted",
+           checkpoint_bytes=stored)
+
+
+def _pause(job: Job, reason: str, **details: int) -> None:
+    """Pause the running job for `reason` as the platform's policy, and tell its webhooks."""
     try:
         issue(job, CommandKind.PAUSE, {"reason": reason}, actor=POLICY_ACTOR, cause=Cause.POLICY,
               engine_args={})
     except IllegalTransition:
         return
-    notify(job, "policy.pause", {"reason": reason, "checkpoint_bytes": stored})
+    notify(job, "policy.pause", {"reason": reason, **details})
 
 
 def auto_resume(job: Job, reason: str) -> bool:
