@@ -61,11 +61,12 @@ from engine.ports import free_port  # noqa: E402
 BATCH, SEQ = 8, 256  # the issue's tiny-model step
 LR, BETAS, WEIGHT_DECAY, GRAD_CLIP = 1e-3, (0.9, 0.95), 0.1, 1.0
 # GPU bytes per parameter with both models resident: ours under the sharded optimizer (bf16
-# parameter, gradient and flat gradient buffers, fp32 master and two moments: 18) and
-# transformers' under fused AdamW in bf16 (parameter, gradient, two moments: 8); per token of
-# a step, what its activations take in one layer (a guess with room) and what the logits take
-# (bf16, their fp32 copy for the loss, its gradient and theirs: 12 bytes per vocabulary entry).
-BYTES_PER_PARAM = 18 + 8
+# parameter, its gradient a view of the bf16 flat gradient buffer, fp32 master and two
+# moments: 16) and transformers' under fused AdamW in bf16 (parameter, gradient, two moments:
+# 8); per token of a step, what its activations take in one layer (a guess with room) and what
+# transformers' logits take (bf16, their fp32 copy for the loss, its gradient and theirs: 12
+# bytes per vocabulary entry; ours never holds them whole, engine.moe.loss).
+BYTES_PER_PARAM = 16 + 8
 ACTIVATION_BYTES_PER_TOKEN_LAYER = 256 << 10
 LOGIT_BYTES = 12
 
