@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -22,6 +23,9 @@ from engine.contract import is_url
 from engine.errors import SpecError
 
 OUTSIDE = "not under your data roots"
+SERVER_PATH = "<server path>"
+# an absolute path in a message: a slash that starts a word, up to a separator
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"(),:;<>\[\]{}|*?]+")
 NO_MATCH = "no file under your data roots matches it"
 
 
@@ -90,3 +94,15 @@ def _opened_path(f: BinaryIO, fallback: str) -> str:
         return os.readlink(f"/proc/self/fd/{f.fileno()}")
     except OSError:
         return fallback
+
+
+def scrub_paths(text: str, visible: Sequence[str]) -> str:
+    """`text` with every absolute path outside the `visible` folders replaced by a
+    placeholder: the server's layout (the install, its libraries, other jobs) is not a user's
+    to read in the messages of their job."""
+    def replace(found: re.Match) -> str:
+        path = os.path.normpath(found.group())
+        inside = any(not is_url(folder) and os.path.commonpath([path, folder]) == folder
+                     for folder in visible)
+        return found.group() if inside else SERVER_PATH
+    return ABSOLUTE_PATH.sub(replace, text)

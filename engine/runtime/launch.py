@@ -46,6 +46,7 @@ from engine.contract import (
 from engine.errors import ConfigError
 from engine.ports import free_port
 from engine.runtime.commands import Outcome
+from engine.runtime.confine import scrub_paths
 from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
 from engine.runtime.spec import JobSpec, layout_on_hosts, parse_spec, with_layout
@@ -70,8 +71,15 @@ class RunTarget:
     lead: bool = True  # whether this launcher publishes the lifecycle (see Rendezvous)
     # the fault policy restarted the ranks: they resume from the run's own newest checkpoint
     restarted: bool = False
+    # the folders whose paths a failure's message may show (a platform job's run folder and
+    # data roots); empty: every path (the engine's own command line, one user's tool)
+    visible: tuple[str, ...] = ()
 
     def emit(self, event: Event) -> None:
+        if self.visible and isinstance(event, StateEvent) and event.error:
+            event = dataclasses.replace(
+                event, error=scrub_paths(event.error, self.visible),
+                traceback=event.traceback and scrub_paths(event.traceback, self.visible))
         if not self.lead:  # another host's launcher: why it ended, on its console only
             if isinstance(event, StateEvent) and (event.error or event.reason):
                 print(f"{event.state}: {event.error or event.reason}", file=sys.stderr)
@@ -236,7 +244,8 @@ def _failure_message(error: ChildFailedError) -> str:
 def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) -> int:
     """Run this host's ranks of the job to the end; returns the process exit code (on every
     host: their ranks agree on how the run ends, as commands reach all of them)."""
-    target = dataclasses.replace(target, lead=rdzv.is_lead())
+    target = dataclasses.replace(target, lead=rdzv.is_lead(), visible=(
+        (str(target.run_dir), *spec.data.roots) if spec.data.roots else ()))
     spec = on_hosts(spec, rdzv)
     directory = checkpoint_dir(spec.checkpoint.dir, target.run_dir)
     # another host's launcher may already see the lead's first checkpoints in a shared folder

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,14 +24,12 @@ import psutil
 from django.conf import settings
 
 from engine.checkpoint.layout import find_latest_good
+from engine.runtime import confine
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
 from ringside.services import engine_env
 
 STDERR_TAIL_LINES = 40
-# an absolute path in an engine message: a slash that starts a word, up to a separator
-ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"(),:;<>\[\]{}|*?]+")
-SERVER_PATH = "<server path>"
 PR_SET_PDEATHSIG = 1
 
 
@@ -165,12 +162,5 @@ def stderr_tail(job: Job) -> str:
 
 def scrub_paths(text: str, job: Job) -> str:
     """`text` with every absolute path outside the job's own run folder and its owner's
-    uploads replaced by a placeholder: the server's layout (the install, its libraries,
-    other jobs) is not the user's to read."""
-    own = [str(run_dir(job)), str(uploads_dir(job.owner))]
-
-    def replace(found: re.Match) -> str:
-        path = os.path.normpath(found.group())
-        inside = any(os.path.commonpath([path, folder]) == folder for folder in own)
-        return found.group() if inside else SERVER_PATH
-    return ABSOLUTE_PATH.sub(replace, text)
+    uploads replaced by a placeholder (engine.runtime.confine.scrub_paths)."""
+    return confine.scrub_paths(text, [str(run_dir(job)), str(uploads_dir(job.owner))])

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.contract import ExitCode, memory_dir
+from engine.contract import ExitCode, StateEvent, memory_dir
+from engine.runtime.confine import SERVER_PATH
 from engine.runtime.events import read_events
 from engine.runtime.launch import RunTarget, launch
 from engine.runtime.spec import parse_spec
@@ -79,3 +80,15 @@ def test_when_the_policys_restarts_run_out_the_job_pauses_with_the_reason(tmp_pa
     assert final["reason"] == "loss_spike: restart capped: 0 for loss_spike within 3600 s"
     (pause,) = [e for e in events if e["type"] == "action"]
     assert pause["action"] == "pause" and Path(pause["checkpoint"]).is_dir()
+
+
+def test_a_platform_runs_failure_shows_no_path_outside_its_visible_folders(tmp_path):
+    run = tmp_path / "run"
+    target = RunTarget(run_dir=run, events_path=tmp_path / "events.jsonl", job="j",
+                       visible=(str(run), str(tmp_path / "data")))
+    target.emit(StateEvent(step=0, state="failed",
+                           error=f"launcher: /usr/lib/python3/x.py broke on {run}/spec.json",
+                           traceback='File "/srv/ringside/engine/runtime/launch.py", line 1'))
+    failed = read_events(target.events_path)[-1]
+    assert failed["error"] == f"launcher: {SERVER_PATH} broke on {run}/spec.json"
+    assert failed["traceback"] == f'File "{SERVER_PATH}", line 1'

@@ -9,8 +9,9 @@ import signal
 import pytest
 from django.conf import settings
 
+from engine.runtime.confine import SERVER_PATH
 from jobs.confinement import uploads_dir
-from jobs.launch import SERVER_PATH, kill_group, run_dir, scrub_paths, start_engine
+from jobs.launch import kill_group, run_dir, scrub_paths, start_engine
 from jobs.models import Job
 from ringside.services import PLATFORM_SECRETS
 

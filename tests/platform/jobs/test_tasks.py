@@ -8,9 +8,10 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from engine.runtime.confine import SERVER_PATH
 from hosts.models import Host
 from jobs.confinement import uploads_dir
-from jobs.launch import SERVER_PATH, stderr_path
+from jobs.launch import stderr_path
 from jobs.models import Cause, Command, CommandKind, Job, State
 from jobs.supervisor import EngineReport, finish
 from monitor.models import Event, MetricPoint
