@@ -91,7 +91,9 @@ class Checkpointer:
     broadcasts it over `group` (a collective), or draws it alone when the world is 1.
     parts: the stateful parts of the training state besides the shards (name -> an object
     with `state_dict()` / `load_state_dict()`), saved as the extras and loaded by
-    `load_parts()`.
+    `load_parts()`. mirror_disk_saves: whether a disk save is also written to the memory tier
+    (the engine's runs keep a memory tier for the policy's restart snapshots, and mirror only
+    where memory snapshots are scheduled: a copy of every disk save costs host memory).
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Checkpointer:
         run_id: str | None = None,
         group: Any = None,
         parts: dict[str, Stateful] | None = None,
+        mirror_disk_saves: bool = True,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -125,6 +128,7 @@ class Checkpointer:
         self.rank, self.world_size = rank, world_size
         self.keep, self.memory_keep = keep, memory_keep
         self.every, self.memory_every = every, memory_every
+        self.mirror_disk_saves = mirror_disk_saves
         self.meta = dict(meta or {})
         self.parts = dict(parts or {})
         self.run_id = run_id or _agree_on_run_id(world_size, group)
@@ -313,7 +317,7 @@ class Checkpointer:
         checksums are in, independently of the other tier."""
         data = memoryview(job.staging.numpy())[: job.nbytes]
         tiers: list[tuple[str, Location, int]] = []
-        if self.memory_dir is not None:
+        if self.memory_dir is not None and (self.mirror_disk_saves or not job.to_disk):
             tiers.append(("memory", self.memory_dir, self.memory_keep))
         if job.to_disk:
             tiers.append(("disk", self.directory, self.keep))

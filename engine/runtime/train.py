@@ -136,6 +136,7 @@ class Trainer:
             checkpoint_dir(c.dir, self.run_dir), rank=self.rank, world_size=self.world_size,
             # the memory tier is always there: a restart the policy asks for snapshots to it
             keep=c.keep, every=c.every, memory_every=c.memory_every, memory_dir="auto",
+            mirror_disk_saves=c.memory_every > 0,
             # the spec travels with the checkpoint: an export or a clone needs no other file
             meta={"strategy": self.strategy, "nodes": p.nodes, "procs_per_node": p.procs_per_node,
                   "name": self.spec.name, "spec": self.spec.to_dict()},
