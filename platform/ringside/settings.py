@@ -47,14 +47,19 @@ import plotly
 OWNER_ONLY_UMASK = 0o077
 os.umask(OWNER_ONLY_UMASK)
 
+
+def _items(text: str) -> list[str]:
+    """The entries of a comma-separated setting, without blanks."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("RINGSIDE_VAR_DIR", REPO_ROOT / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 RUNS_DIR = Path(os.environ.get("RUNS_DIR", REPO_ROOT / "runs")).resolve()
 # what a user's job may read and where it writes (jobs.confinement)
 STORAGE_URL = os.environ.get("RINGSIDE_STORAGE_URL", "").rstrip("/")
-DATA_ROOTS = [root.strip() for root in os.environ.get(
-    "RINGSIDE_DATA_ROOTS", sysconfig.get_paths()["stdlib"]).split(",") if root.strip()]
+DATA_ROOTS = _items(os.environ.get("RINGSIDE_DATA_ROOTS", sysconfig.get_paths()["stdlib"]))
 UPLOADS_DIR = Path(os.environ.get("RINGSIDE_UPLOADS_DIR", VAR_DIR / "uploads")).resolve()
 UPLOAD_MAX_BYTES = int(os.environ.get("RINGSIDE_UPLOAD_MAX_BYTES", str(256 << 20)))
 
@@ -101,10 +106,6 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = _env_flag("DEBUG")
-
-
-def _items(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
