@@ -296,6 +296,10 @@ class StepEvent(Event):
     state_bytes: dict | None = None
     comm: dict | None = None
     system: dict | None = None  # per metric one value per rank: CPU, RSS, GPU memory and use
+    # per source of the mixture, keyed by its name: tokens seen so far and this step's loss
+    source_tokens: dict | None = None
+    source_loss: dict | None = None
+    eval_source_loss: dict | None = None  # held-out loss per source, at an evaluation
 
 
 @dataclass(kw_only=True)

@@ -81,6 +81,21 @@ class DatasetSpec:
 
 
 @dataclass
+class MixEntry:
+    """A prepared dataset in the mixture (engine.data): its folder or object-store URL."""
+
+    path: str
+    weight: float = 1.0
+    name: str = ""  # shown in per-source curves; default: the folder's name
+
+
+@dataclass
+class TrainData:
+    mix: list[MixEntry] = field(default_factory=list)  # empty: train.dataset alone
+    document_mask: bool = False  # attention stays inside each packed document
+
+
+@dataclass
 class TrainSpec:
     steps: int = 100
     micro_batch: int = 8
@@ -100,6 +115,7 @@ class TrainSpec:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = 0  # torch intra-op threads per rank; 0 = cores / ranks
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    data: TrainData = field(default_factory=TrainData)
 
 
 @dataclass
@@ -317,6 +333,11 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"
     if not 0 < d.holdout < 0.5:
         errors["train.dataset.holdout"] = "must be between 0 and 0.5"
+    for i, entry in enumerate(t.data.mix):
+        if not entry.weight > 0:
+            errors[f"train.data.mix.{i}.weight"] = "must be a positive number"
+        if not entry.path:
+            errors[f"train.data.mix.{i}.path"] = "names a prepared dataset's folder or URL"
     errors.update(policy_errors(spec.faults.policy))
     for i, inj in enumerate(spec.faults.inject):
         if not 1 <= inj.step <= t.steps:
