@@ -289,6 +289,21 @@ def _add_new(errors: dict[str, str], found: dict[str, str]) -> None:
         errors.setdefault(path, message)
 
 
+def _data_errors(t: TrainSpec) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    d = t.dataset
+    if d.kind != "stdlib" and not d.paths:
+        errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"
+    if not 0 < d.holdout < 0.5:
+        errors["train.dataset.holdout"] = "must be between 0 and 0.5"
+    for i, entry in enumerate(t.data.mix):
+        if not entry.weight > 0:
+            errors[f"train.data.mix.{i}.weight"] = "must be a positive number"
+        if not entry.path:
+            errors[f"train.data.mix.{i}.path"] = "names a prepared dataset's folder or URL"
+    return errors
+
+
 def _check_semantics(spec: JobSpec) -> dict[str, str]:
     errors: dict[str, str] = {}
     if not _NAME.match(spec.name):
@@ -328,16 +343,7 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         ))
     if spec.init.init_optimizer and not spec.init.init_from:
         errors["model.init_optimizer"] = "needs model.init_from (a Ringside checkpoint)"
-    d = t.dataset
-    if d.kind != "stdlib" and not d.paths:
-        errors["train.dataset.paths"] = f"a {d.kind} dataset needs at least one path or glob"
-    if not 0 < d.holdout < 0.5:
-        errors["train.dataset.holdout"] = "must be between 0 and 0.5"
-    for i, entry in enumerate(t.data.mix):
-        if not entry.weight > 0:
-            errors[f"train.data.mix.{i}.weight"] = "must be a positive number"
-        if not entry.path:
-            errors[f"train.data.mix.{i}.path"] = "names a prepared dataset's folder or URL"
+    errors.update(_data_errors(t))
     errors.update(policy_errors(spec.faults.policy))
     for i, inj in enumerate(spec.faults.inject):
         if not 1 <= inj.step <= t.steps:
