@@ -53,9 +53,13 @@ def test_launch_the_tiny_job_watch_its_loss_chart_fill_live_and_cancel_it(
     expect(page.locator("#action-result")).to_have_text(re.compile("Cancel requested"))
     expect(page.locator("#state")).to_have_text("cancelled", timeout=30_000)
     expect(page.locator("#cancel")).to_be_disabled()
+    expect(page.locator("#eta")).to_have_text("–")  # a cancelled job is not "done"
     page.screenshot(path=output_dir / "job-cancelled.png", full_page=True)
 
     page.click("nav >> text=Jobs")
     row = page.locator("table.jobs tbody tr", has_text="tiny-e2e")
     expect(row.locator(".state")).to_have_text("Cancelled")
     page.screenshot(path=output_dir / "job-list.png", full_page=True)
+
+    page.click("nav >> text=Tokens")  # every page is in the navigation
+    expect(page).to_have_url(re.compile(r"/tokens/$"))

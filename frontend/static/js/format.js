@@ -21,9 +21,19 @@ export function duration(seconds) {
 
 export function num(x, digits = 4) {
   if (x === null || x === undefined) return "–";
+  if (Array.isArray(x)) return x.map((v) => num(v, digits)).join(", ");
+  if (typeof x === "object") return fieldsText(x, digits);
   if (typeof x !== "number") return String(x);
   if (x !== 0 && (Math.abs(x) >= 1e5 || Math.abs(x) < 1e-3)) return x.toExponential(2);
   return Number(x.toPrecision(digits)).toString();
+}
+
+// An anomaly's evidence (or any flat record): "z 4.2, mean 3.1, ranks [0, 1]"
+export function fieldsText(record, digits = 4) {
+  return Object.entries(record ?? {})
+    .map(([k, v]) => (v !== null && typeof v === "object" ? `${k} [${num(v, digits)}]`
+                                                           : `${k} ${num(v, digits)}`))
+    .join(", ");
 }
 
 // A rebalance's shares of the step's batch, samples per rank: "shares 10, 10, 10, 2" ("" for

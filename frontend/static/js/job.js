@@ -2,7 +2,7 @@
 // dropped connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
 import { api } from "./api.js";
 import { Controls } from "./controls.js";
-import { duration, el, num, rows, sharesText, where } from "./format.js";
+import { duration, el, fieldsText, num, rows, sharesText, where } from "./format.js";
 import { Goodput } from "./goodput.js";
 import { MetricCharts } from "./metrics.js";
 import { Proposals } from "./proposals.js";
@@ -97,8 +97,8 @@ function showProgress() {
   if (!FINAL.has(state) && rate.length >= 2) {
     const [t0, s0] = rate[0], [t1, s1] = rate.at(-1);
     if (s1 > s0 && t1 > t0) eta = duration(((totalSteps - step) * (t1 - t0)) / (s1 - s0));
-  } else if (FINAL.has(state)) {
-    eta = "done";
+  } else if (state === "completed") {
+    eta = "done"; // a failed or cancelled job has no end to wait for: "–"
   }
   $("eta").textContent = eta;
 }
@@ -159,7 +159,7 @@ function feedItem(kind, e) {
   const text = {
     anomaly: () => [`${e.kind} (${e.severity})`,
                     e.rank !== null && e.rank !== undefined ? `rank ${e.rank}` : "",
-                    Object.entries(e.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ")],
+                    fieldsText(e.evidence)],
     action: () => [e.action, e.anomaly ? `for ${e.anomaly}` : "", e.by ? `by ${e.by}` : "",
                    e.reason ?? "", e.error ?? "", sharesText(e.shares),
                    e.cause ? `cause: the ${e.cause}` : ""],

@@ -4,7 +4,7 @@
 // /api/jobs/<id>/proposals/<pid>/decide/). A proposal's later `proposal` event (decided, or
 // timed out) replaces it; the same after a reload (the snapshot's events) as live.
 import { api } from "./api.js";
-import { el, errorText, num } from "./format.js";
+import { el, errorText, fieldsText } from "./format.js";
 
 const STATUS = { pending: "waiting for you", approved: "approved", chosen: "another action chosen",
                  dismissed: "dismissed", timed_out: "timed out" };
@@ -30,7 +30,7 @@ export class Proposals {
   }
 
   item(p) {
-    const evidence = Object.entries(p.evidence ?? {}).map(([k, v]) => `${k} ${num(v)}`).join(", ");
+    const evidence = fieldsText(p.evidence);
     const deadline = new Date(p.deadline * 1000).toLocaleTimeString();
     const what = p.status === "pending"
       ? `decide by ${deadline}, else ${p.default}${p.hold ? " (the run holds until then)" : " (the run trains on)"}`

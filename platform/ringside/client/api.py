@@ -186,6 +186,15 @@ class Client:
     def export_checkpoint(self, job_id: int, checkpoint_id: int) -> dict[str, Any]:
         return self._post(f"/api/jobs/{job_id}/checkpoints/{checkpoint_id}/export/")
 
+    def export_of(self, job_id: int, checkpoint_id: int) -> dict[str, Any] | None:
+        """The checkpoint's export (its state, folder, error); None if it was never exported."""
+        try:
+            return self._get(f"/api/jobs/{job_id}/checkpoints/{checkpoint_id}/export/")
+        except ApiError as e:
+            if e.status == 404 and isinstance(e.body, dict):  # the server's word, not its URLs'
+                return None
+            raise
+
     def plan(self, **query: Any) -> dict[str, Any]:
         """The PaRO planner's rows for `preset`, `nodes`, `procs_per_node`, `grad_accum`,
         `collective`, `memory_budget_gb` (each optional)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -284,13 +285,29 @@ def list_checkpoints(ctx: typer.Context, job_id: JobId) -> None:
         s.show(client.checkpoints(job_id), render.checkpoints)
 
 
+EXPORT_POLL_S = 2.0
+
+
 @checkpoints.command("export")
 def export(ctx: typer.Context, job_id: JobId,
-           checkpoint_id: Annotated[int, typer.Argument(help="the checkpoint's id")]) -> None:
-    """Export a checkpoint as a model others can load."""
+           checkpoint_id: Annotated[int, typer.Argument(help="the checkpoint's id")],
+           wait: Annotated[bool, typer.Option("--wait", help="follow the export until it is "
+                                              "done or failed")] = False,
+           again: Annotated[bool, typer.Option("--again", help="export anew though an export "
+                                               "of it finished")] = False) -> None:
+    """Export a checkpoint as a model others can load. Run again, it shows how that export
+    is going (it is started once, unless --again)."""
     s = session(ctx)
     with s.client() as client:
-        s.show(client.export_checkpoint(job_id, checkpoint_id), render.fields)
+        record = None if again else client.export_of(job_id, checkpoint_id)
+        if record is None:
+            record = client.export_checkpoint(job_id, checkpoint_id)
+        while wait and record["state"] in ("pending", "running"):
+            time.sleep(EXPORT_POLL_S)
+            record = client.export_of(job_id, checkpoint_id) or record
+        s.show(record, render.fields)
+    if record["state"] == "failed":
+        raise typer.Exit(1)
 
 
 @files.command("upload")

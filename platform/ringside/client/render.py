@@ -79,9 +79,10 @@ def launched(console: Console, job: dict[str, Any]) -> None:
 
 
 def checkpoints(console: Console, rows: list[dict[str, Any]]) -> None:
-    table = _table("id", "step", "tier", "strategy", "ranks", "size (MB)", "available")
+    table = _table("id", "step", "branch", "tier", "strategy", "ranks", "size (MB)",
+                   "available")
     for c in rows:
-        table.add_row(str(c["id"]), str(c["step"]), c["tier"], c["strategy"],
+        table.add_row(str(c["id"]), str(c["step"]), c["branch"], c["tier"], c["strategy"],
                       str(c["world_size"]), f"{(c['size_bytes'] or 0) / 1e6:.1f}",
                       "yes" if c["available"] else "deleted")
     console.print(table)
@@ -131,6 +132,7 @@ class Follow:
             TimeElapsedColumn(), console=console, disable=not self.live)
         self.task = self.progress.add_task("job", total=None, loss="—", tps="—")
         self.logged_at = 0.0
+        self.told: tuple[str, int] | None = None  # the last state line: a job message repeats it
 
     def __enter__(self) -> Follow:
         self.progress.start()
@@ -145,16 +147,16 @@ class Follow:
             job = message["job"]
             self.progress.update(self.task, description=f"job {job['id']} {job['name']}",
                                  total=job["total_steps"], completed=job["step"] or 0)
-            self._note(f"{job['state']} at step {job['step'] or 0}")
+            self._state(job["state"], job["step"] or 0)
         elif kind == "step":
             self._step(message)
         elif kind == "job":
             self.progress.update(self.task, total=message.get("total_steps"))
-            error = f": {message['error']}" if message.get("error") else ""
-            self._note(f"{message['state']} at step {message.get('step') or 0}{error}")
+            self._state(message["state"], message.get("step") or 0, message.get("error"))
         elif kind == "anomaly":
+            rank = message.get("rank")  # None: a global signal, no single rank
             self._note(f"[red]anomaly[/] {message['kind']} ({message['severity']}) "
-                       f"at step {message['step']}, rank {message.get('rank')}")
+                       f"at step {message['step']}" + ("" if rank is None else f", rank {rank}"))
         elif kind == "action":
             by = message.get("by") or "?"
             self._note(f"[yellow]action[/] {message['action']} by {by} at step {message['step']}")
@@ -168,6 +170,14 @@ class Follow:
             self.logged_at = now
             total = self.progress.tasks[0].total
             self.console.print(f"step {event['step']}/{total or '?'} loss {loss} {tps} tok/s")
+
+    def _state(self, state: str, step: int, error: str | None = None) -> None:
+        """A line for a state the job reaches; the snapshot's state, sent again as the first
+        live message, is not told twice."""
+        if (state, step) == self.told and not error:
+            return
+        self.told = (state, step)
+        self._note(f"{state} at step {step}" + (f": {error}" if error else ""))
 
     def _note(self, line: str) -> None:
         self.console.print(line)

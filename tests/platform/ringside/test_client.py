@@ -24,8 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from websockets.exceptions import ConnectionClosedError
 
+from engine.checkpoint.layout import MANIFEST
 from engine.contract import STRATEGIES
-from jobs.models import ApiToken, Cause, Command, Job, State, token_digest
+from jobs.models import ApiToken, Cause, Command, Export, ExportState, Job, State, token_digest
 from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, config
 from ringside.client.cli import main
@@ -140,7 +141,7 @@ def test_submit_follow_shows_live_steps_exits_0_and_the_job_reads_back(
     assert re.search(r"loss +│ 6 +│ 1 +│ 6", ringside("jobs", "metrics", job_id).out)
     kept = json.loads(ringside("--json", "checkpoints", "list", job_id).out)
     assert [c["step"] for c in kept] == [3, 6]
-    assert re.search(rf"^│ {kept[1]['id']} +│ 6 +│ disk", ringside("checkpoints", "list",
+    assert re.search(rf"^│ {kept[1]['id']} +│ 6 +│ live +│ disk", ringside("checkpoints", "list",
                                                                     job_id).out, re.M)
 
     # a dropped socket is reconnected asking for what follows the last event received
@@ -175,7 +176,7 @@ def test_follow_exits_with_the_outcome_of_a_settled_job(ringside, user, small_sp
     job = held(user, small_spec, state)
     run = ringside("jobs", "follow", job.pk)
     assert run.code == code, run.err
-    assert f"{state} at step 0" in run.out
+    assert run.out.count(f"{state} at step 0") == 1, run.out  # the snapshot's, told once
 
 
 def test_each_steering_command_is_stored_with_its_arguments(ringside, user, small_spec,
@@ -243,6 +244,34 @@ def test_an_export_the_server_refuses_prints_its_reason(ringside, user, small_sp
     assert f"error: checkpoint {memory.pk} (step 2) is a memory-tier snapshot" in run.err
     run = ringside("checkpoints", "export", job.pk, memory.pk + 1)
     assert run.code == 5 and f"error: job {job.pk} has no checkpoint {memory.pk + 1}" in run.err
+
+
+def test_export_is_started_once_then_followed_and_a_failed_one_exits_1(ringside, user,
+                                                                         small_spec, tmp_path):
+    job = held(user, small_spec, State.RUNNING)
+    for seq in (1, 2):  # stored: their manifests are there
+        (tmp_path / f"step-{seq}").mkdir()
+        (tmp_path / f"step-{seq}" / MANIFEST).write_text("{}")
+    done, failed = (Checkpoint.objects.create(job=job, seq=seq, step=seq, time=0.0, tier="disk",
+                                              path=str(tmp_path / f"step-{seq}"))
+                    for seq in (1, 2))
+    Export.objects.create(checkpoint=done, state=ExportState.DONE, out_dir="/exports/1")
+    Export.objects.create(checkpoint=failed, state=ExportState.FAILED, out_dir="/exports/2",
+                          error="the engine refused")
+
+    run = ringside("--json", "checkpoints", "export", job.pk, done.pk, "--wait")
+    assert run.code == 0, run.err
+    assert json.loads(run.out)["state"] == "done"
+    assert Export.objects.get(checkpoint=done).state == ExportState.DONE  # not queued again
+    run = ringside("checkpoints", "export", job.pk, failed.pk)
+    assert run.code == 1 and "the engine refused" in run.out
+    again = ringside("--json", "checkpoints", "export", job.pk, failed.pk, "--again")
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["state"] == "pending"
+    assert Export.objects.get(checkpoint=failed).state == ExportState.PENDING
+
+    listed = ringside("checkpoints", "list", job.pk).out
+    assert re.search(rf"^│ {done.pk} +│ 1 +│ live +│ disk", listed, re.M), listed
 
 
 def test_refusals_name_their_fields_and_exit_5(ringside, user, small_spec, tmp_path):
