@@ -39,7 +39,7 @@ from engine.contract import (
 )
 from engine.runtime.control import ControlChannel
 from engine.runtime.settings import LiveSettings
-from engine.runtime.spec import JobSpec, SpecError, parse_spec, with_layout
+from engine.runtime.spec import JobSpec, SpecError, resharded
 
 Emit = Callable[[Event], None]
 
@@ -303,13 +303,7 @@ class CommandHandler:
             raise CommandRefused(f"reshard: parallel.{placed[0]} says where the job runs, "
                                  "which a reshard does not change")
         parallel = {**dataclasses.asdict(self.spec.parallel), **args}
-        parse_spec(with_layout(self.spec.to_dict(), parallel))
-        world = parallel["nodes"] * parallel["procs_per_node"]
-        if (self.spec.train.micro_batch * self.world_size) % world:
-            raise CommandRefused(
-                f"reshard: the global micro-batch ({self.spec.train.micro_batch} x "
-                f"{self.world_size} sequences) does not divide over {world} ranks"
-            )
+        resharded(self.spec.to_dict(), parallel)
         return parallel
 
     def _ack(self, command: Command, **fields: Any) -> None:

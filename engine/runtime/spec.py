@@ -255,6 +255,20 @@ def with_layout(data: dict[str, Any], parallel: dict[str, Any],
     return spec
 
 
+def resharded(data: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
+    """The spec of `data` moved onto the layout `parallel` with the same micro_batch (what a
+    reshard does); SpecError naming the field if that layout is no valid spec or the global
+    micro-batch does not divide over its ranks."""
+    spec = parse_spec(data)
+    moved = parse_spec(with_layout(data, parallel))
+    batch, world = spec.train.micro_batch * spec.parallel.world_size, moved.parallel.world_size
+    if batch % world:
+        raise SpecError({"parallel.nodes": (
+            f"the global micro-batch ({spec.train.micro_batch} x {spec.parallel.world_size} "
+            f"sequences) does not divide over {world} ranks")})
+    return moved
+
+
 def layout_on_hosts(data: dict[str, Any], hosts: int) -> dict[str, Any]:
     """Spec data for running the job of `data` on `hosts` hosts instead of its
     `parallel.hosts`: the same nodes per host, and the same global batch (micro_batch x

@@ -27,8 +27,8 @@ from engine.runtime.spec import (
     SpecError,
     TrainSpec,
     parse_spec,
+    resharded,
     share_errors,
-    with_layout,
 )
 from jobs.models import (
     ApiToken,
@@ -293,20 +293,11 @@ class ReshardBody(CommandBody):
     procs_per_node = serializers.IntegerField(min_value=1)
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        spec = self.context["job"].spec
-        try:  # the engine's own rules for a layout (world size, strategy, collective)
-            parse_spec(with_layout(spec, data))
+        try:  # the engine's own rules for a reshard (layout, batch over the ranks)
+            resharded(self.context["job"].spec, data)
         except SpecError as e:
             raise serializers.ValidationError(
                 {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e
-        world = data["nodes"] * data["procs_per_node"]
-        layout = spec.get("parallel", {})
-        batch = (int(spec.get("train", {}).get("micro_batch", 1))
-                 * int(layout.get("nodes", 1)) * int(layout.get("procs_per_node", 1)))
-        if batch % world:
-            raise serializers.ValidationError(
-                {"nodes": f"the global micro-batch ({batch} sequences) does not divide over "
-                          f"{world} ranks"})
         return super().validate(data)
 
 

@@ -241,7 +241,7 @@ def test_reshard_is_refused_to_move_the_job_to_other_hosts():
 
 def test_reshard_is_refused_unless_the_micro_batch_divides_over_the_new_ranks():
     h, checkpoints, _ = handler()
-    with pytest.raises(CommandRefused, match=r"global micro-batch \(2 x 2 sequences\)"):
+    with pytest.raises(SpecError, match=r"parallel.nodes: the global micro-batch \(2 x 2 seq"):
         h.act(command("reshard", procs_per_node=3))
     assert checkpoints.calls == []
 

@@ -169,6 +169,23 @@ def test_reshard_is_delivered_and_the_engine_resuming_on_the_layout_ends_it(api,
     assert running.spec["train"]["micro_batch"] == 1
 
 
+def test_a_reshard_is_judged_at_the_engines_default_micro_batch(api, user, small_spec):
+    """A spec that leaves micro_batch out trains at the engine's default (8): two ranks hold a
+    global micro-batch of 16, which divides over 4 ranks and not over 3."""
+    train = {k: v for k, v in small_spec["train"].items() if k != "micro_batch"}
+    job = Job.objects.create(name="t", owner=user, spec={**small_spec, "train": train,
+                                                          "parallel": {"procs_per_node": 2}})
+    job.start(supervisor="test")
+    job.mark_running()
+    refused = api.post(f"/api/jobs/{job.pk}/reshard/",
+                       {"strategy": "NNN", "nodes": 1, "procs_per_node": 3}, format="json")
+    assert refused.status_code == 400
+    assert "global micro-batch (8 x 2 sequences)" in refused.json()["nodes"][0]
+    taken = api.post(f"/api/jobs/{job.pk}/reshard/",
+                     {"strategy": "NNN", "nodes": 1, "procs_per_node": 4}, format="json")
+    assert taken.status_code == 202, taken.json()
+
+
 def test_reshard_to_fewer_ranks_drops_the_faults_injected_on_ranks_that_go_away(
         api, user, small_spec):
     spec = {**small_spec, "parallel": {"nodes": 2, "procs_per_node": 2},
