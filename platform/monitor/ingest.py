@@ -39,6 +39,7 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
+from django.db.models import Exists
 
 from engine import contract
 from jobs.models import Job
@@ -131,7 +132,7 @@ class Batch:
     events: list[dict[str, Any]]
     parsed: list[contract.Event]
     rows: dict[type, list[tuple]]
-    last_step: int
+    live_step: int | None  # where the batch leaves the live branch (None: it does not say)
 
 
 def prepare(job_id: int, events: Iterable[Any]) -> Batch:
@@ -140,8 +141,23 @@ def prepare(job_id: int, events: Iterable[Any]) -> Batch:
     here; one the contract does not take is logged and stored as it came."""
     events = sorted((e for e in events if _has_seq(job_id, e)), key=lambda e: e["seq"])
     parsed = [p for p in (_parsed(job_id, e) for e in events) if p is not None]
-    return Batch(events, parsed, _rows(job_id, events, parsed),
-                 max((_integer(e.get("step")) for e in events), default=0))
+    return Batch(events, parsed, _rows(job_id, events, parsed), _live_step(events))
+
+
+def _live_step(events: list[dict[str, Any]]) -> int | None:
+    """The batch's last word on the live branch's step: a step or state event's step, or a
+    later rollback's `to_step` (the branch went back there). Not any event's: a checkpoint
+    persisted in the background, say, names an older step than the one training is at. Read
+    from the events as published, so a step event the contract does not take still counts."""
+    live = None
+    for e in events:
+        if e.get("type") in (contract.StepEvent.type, contract.StateEvent.type):
+            live = _integer(e.get("step"))
+        elif (e.get("type") == contract.ActionEvent.type
+              and e.get("action") == contract.CommandKind.ROLLBACK
+              and isinstance(e.get("to_step"), int)):
+            live = _integer(e["to_step"])
+    return live
 
 
 def _has_seq(job_id: int, event: Any) -> bool:
@@ -284,8 +300,10 @@ def write(job_id: int, batch: Batch) -> None:
         for model, columns in EVENT_ROW_COLUMNS.items():
             _insert(model, ("job_id", "seq", "step", "time", *columns), rows[model],
                     on_conflict="(job_id, seq) DO NOTHING")
-        # only forward: a replayed old batch must not move the job's step back
-        Job.objects.filter(pk=job_id, step__lt=batch.last_step).update(step=batch.last_step)
+        # the live branch's step, unless this is a replay of an older batch (newer is stored)
+        if batch.live_step is not None:
+            newer = Event.objects.filter(job_id=job_id, seq__gt=batch.events[-1]["seq"])
+            Job.objects.filter(pk=job_id).exclude(Exists(newer)).update(step=batch.live_step)
         # after the job's row: a transition locks it, then the ledger's (monitor.goodput)
         goodput.fold_events(job_id, batch.parsed)
 
