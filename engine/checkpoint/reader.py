@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from engine.checkpoint.layout import (
     CheckpointError,
     CheckpointInfo,
     CorruptCheckpoint,
+    crc32,
     find_latest_good,
     inspect,
     list_checkpoints,
@@ -352,7 +352,7 @@ class CheckpointReader:
             self.bytes_read += got
         if got < len(into):
             raise CorruptCheckpoint(f"{self._name(rank)} is truncated at block {index}")
-        if zlib.crc32(into) != part["crc32"][index]:
+        if crc32(into) != part["crc32"][index]:
             raise CorruptCheckpoint(f"{self._name(rank)} block {index} fails its checksum")
 
     def _file(self, rank: int) -> int:

@@ -312,7 +312,7 @@ class Checkpointer:
 
     def _persist(self, job: _Job) -> None:
         """Write the staged file to each tier on a thread of its own while this thread
-        checksums it (the writes and zlib.crc32 release the GIL); each tier's thread commits
+        checksums it (the writes and the CRC release the GIL); each tier's thread commits
         its checkpoint (and drops the ones retention no longer keeps) once its file and the
         checksums are in, independently of the other tier."""
         data = memoryview(job.staging.numpy())[: job.nbytes]
