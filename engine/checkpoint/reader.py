@@ -33,6 +33,7 @@ from engine.checkpoint.layout import (
     inspect,
     list_checkpoints,
 )
+from engine.checkpoint.staging import advise_huge_pages
 from engine.checkpoint.store import Url
 from engine.checkpoint.writer import ShardedState
 
@@ -372,10 +373,13 @@ _WORKERS = min(4, os.cpu_count() or 1)
 
 def _host_buffer(shard: torch.Tensor) -> torch.Tensor:
     """A flat view of `shard` when a load can write into it directly; else a flat CPU
-    staging tensor (for a GPU shard, a non-contiguous one) that `_give_back` copies in."""
-    if shard.device.type == "cpu" and shard.is_contiguous():
-        return shard.view(-1)
-    return torch.empty(shard.numel(), dtype=shard.dtype)
+    staging tensor (for a GPU shard, a non-contiguous one) that `_give_back` copies in. Its
+    pages are asked to be huge: a load writes every byte, and where they are fresh memory
+    (a buffer allocated for the load) 4 KiB pages cost the load most of its time."""
+    host = shard.view(-1) if shard.device.type == "cpu" and shard.is_contiguous() else \
+        torch.empty(shard.numel(), dtype=shard.dtype)
+    advise_huge_pages(host)
+    return host
 
 
 def _give_back(host: torch.Tensor, shard: torch.Tensor) -> None:
