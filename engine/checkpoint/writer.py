@@ -277,22 +277,32 @@ class Checkpointer:
         return self._jobs.unfinished_tasks
 
     def _acquire(self, nbytes: int, pinned: bool) -> Staging:
-        """A free staging buffer that fits and whose file is no checkpoint's; else a new one,
-        letting go of a free one if two exist (too small, or now the memory tier's file of a
-        checkpoint retention keeps: its pages stay that file's); else wait for one."""
+        """A free staging buffer that fits; else a new one while fewer than two are staging
+        (a free buffer whose file is now a memory-tier checkpoint's costs no memory of its
+        own and waits for retention to drop that checkpoint; one too small is let go);
+        else wait for one."""
         with self._buffers:
             while True:
-                fitting = [b for b in self._free if b.capacity >= nbytes and b.reusable]
+                held = [b for b in self._free if not b.reusable]
+                for b in held[: max(0, len(held) - self.memory_keep)]:  # e.g. pinned
+                    self._drop(b)
+                spare = [b for b in self._free if b.reusable]
+                fitting = [b for b in spare if b.capacity >= nbytes]
                 if fitting:
                     self._free.remove(fitting[0])
                     return fitting[0]
-                if self._allocated == _STAGING_BUFFERS and self._free:
-                    self._free.pop(0).close()
-                    self._allocated -= 1
-                if self._allocated < _STAGING_BUFFERS:
+                if spare:
+                    self._drop(spare[0])
+                waiting = sum(b not in spare for b in self._free)  # on retention
+                if self._allocated - waiting < _STAGING_BUFFERS:
                     self._allocated += 1
                     return Staging(nbytes, pinned, self.memory_dir)
                 self._buffers.wait()
+
+    def _drop(self, staging: Staging) -> None:
+        self._free.remove(staging)
+        staging.close()
+        self._allocated -= 1
 
     def _release(self, staging: Staging) -> None:
         with self._buffers:

@@ -56,9 +56,11 @@ def test_the_memory_tier_file_is_the_staging_buffer_linked_not_copied(tmp_path):
     assert torch.equal(target, values(1))
 
 
-def test_a_buffer_is_written_again_only_after_retention_drops_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("memory_keep", [1, 2])
+def test_a_buffer_is_written_again_only_after_retention_drops_its_checkpoint(tmp_path,
+                                                                             memory_keep):
     memory = tmp_path / "memory"
-    ckpt = Checkpointer(tmp_path / "disk", memory_dir=memory, memory_keep=1)
+    ckpt = Checkpointer(tmp_path / "disk", memory_dir=memory, memory_keep=memory_keep)
     inodes = []
     for step in range(1, 6):
         ckpt.save(step, {"w": (values(step), 0, N)}, to_disk=False)
@@ -67,9 +69,10 @@ def test_a_buffer_is_written_again_only_after_retention_drops_its_checkpoint(tmp
         target = torch.empty(N)  # the previous checkpoint was intact until this one committed
         load_into(memory / f"step-{step:06d}", {"w": (target, 0, N)})
         assert torch.equal(target, values(step))
-        assert len(staging_files(memory)) <= 2
-    assert [info.step for info in list_checkpoints(memory)] == [5]
-    assert len(set(inodes)) == 2  # two buffers take turns: no fresh memory after the first two
+        assert len(staging_files(memory)) <= memory_keep + 1
+    assert [info.step for info in list_checkpoints(memory)] == list(range(6 - memory_keep, 6))
+    # the buffers take turns: no fresh memory once each kept checkpoint has one, and one more
+    assert len(set(inodes)) == memory_keep + 1
     ckpt.close()
 
 
