@@ -324,8 +324,32 @@ class Checkpointer:
                 self._error = self._error or e
             finally:
                 self._release(job.staging)
+            try:
+                self._stage_ahead(job)
+            except Exception as e:
+                self._error = self._error or e
+            finally:
                 self._jobs.task_done()
         self._jobs.task_done()
+
+    def _stage_ahead(self, job: _Job) -> None:
+        """When a save's buffer became its memory-tier file, make the next save's buffer now,
+        here rather than in the next save: a blocking copy into fresh memory costs several
+        times one into memory that is ready."""
+        if job.staging.reusable:
+            return
+        with self._buffers:
+            waiting = sum(not b.reusable for b in self._free)
+            if len(self._free) > waiting or self._allocated - waiting >= _STAGING_BUFFERS:
+                return
+            self._allocated += 1
+        try:
+            staging = Staging(job.nbytes, pinned=False, folder=self.memory_dir)
+        except BaseException:
+            with self._buffers:
+                self._allocated -= 1
+            raise
+        self._release(staging)
 
     def _persist(self, job: _Job) -> None:
         """Write the staged file to each tier on a thread of its own while this thread
