@@ -376,8 +376,10 @@ def _host_buffer(shard: torch.Tensor) -> torch.Tensor:
     staging tensor (for a GPU shard, a non-contiguous one) that `_give_back` copies in. Its
     pages are asked to be huge: a load writes every byte, and where they are fresh memory
     (a buffer allocated for the load) 4 KiB pages cost the load most of its time."""
-    host = shard.view(-1) if shard.device.type == "cpu" and shard.is_contiguous() else \
-        torch.empty(shard.numel(), dtype=shard.dtype)
+    if shard.device.type == "cpu" and shard.is_contiguous():
+        host = shard.view(-1)
+    else:
+        host = torch.empty(shard.numel(), dtype=shard.dtype)
     advise_huge_pages(host)
     return host
 

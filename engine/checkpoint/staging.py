@@ -7,9 +7,9 @@ the copy, with allocating the file's pages, was the slowest part of a persist). 
 retention deletes that data file, the staging name is the file's only one again and the
 buffer takes the next save; a buffer whose file is still a checkpoint's is never written
 again. A staging file whose process died (no lock) is deleted by the next one created in the
-folder. Elsewhere (GPU shards, which need pinned memory; no
-memory tier; a folder without O_TMPFILE or without room) a buffer is anonymous memory and
-each tier's file is written from it.
+folder. Elsewhere (GPU shards, which need pinned memory; no memory tier; a folder without
+O_TMPFILE or without room) a buffer is anonymous memory and each tier's file is written
+from it.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _sweep(folder: Path) -> None:
     for path in folder.glob(f"{_STAGING_PREFIX}*"):
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        except OSError:  # gone already, or another user's
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
