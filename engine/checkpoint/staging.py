@@ -99,7 +99,7 @@ class Staging:
             return None
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+            fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o644)  # as the data file it becomes
         except OSError:
             return None
         try:
