@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,10 +28,12 @@ from engine.checkpoint.layout import (
     CheckpointError,
     CheckpointInfo,
     CorruptCheckpoint,
+    crc32,
     find_latest_good,
     inspect,
     list_checkpoints,
 )
+from engine.checkpoint.staging import advise_huge_pages
 from engine.checkpoint.store import Url
 from engine.checkpoint.writer import ShardedState
 
@@ -352,7 +353,7 @@ class CheckpointReader:
             self.bytes_read += got
         if got < len(into):
             raise CorruptCheckpoint(f"{self._name(rank)} is truncated at block {index}")
-        if zlib.crc32(into) != part["crc32"][index]:
+        if crc32(into) != part["crc32"][index]:
             raise CorruptCheckpoint(f"{self._name(rank)} block {index} fails its checksum")
 
     def _file(self, rank: int) -> int:
@@ -372,10 +373,15 @@ _WORKERS = min(4, os.cpu_count() or 1)
 
 def _host_buffer(shard: torch.Tensor) -> torch.Tensor:
     """A flat view of `shard` when a load can write into it directly; else a flat CPU
-    staging tensor (for a GPU shard, a non-contiguous one) that `_give_back` copies in."""
+    staging tensor (for a GPU shard, a non-contiguous one) that `_give_back` copies in. Its
+    pages are asked to be huge: a load writes every byte, and where they are fresh memory
+    (a buffer allocated for the load) 4 KiB pages cost the load most of its time."""
     if shard.device.type == "cpu" and shard.is_contiguous():
-        return shard.view(-1)
-    return torch.empty(shard.numel(), dtype=shard.dtype)
+        host = shard.view(-1)
+    else:
+        host = torch.empty(shard.numel(), dtype=shard.dtype)
+    advise_huge_pages(host)
+    return host
 
 
 def _give_back(host: torch.Tensor, shard: torch.Tensor) -> None:

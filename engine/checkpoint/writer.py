@@ -2,9 +2,10 @@
 
 Every rank calls `save()` at the same step with what it owns. The blocking part copies the
 shards (and the pickled extras) into a reusable host staging buffer (pinned when the shards
-live on a GPU) and queues it; a background thread writes the buffer to the memory tier (a
+live on a GPU) and queues it; a background thread puts the buffer in the memory tier (a
 folder in /dev/shm, which survives the process, so a restarted rank on the same host resumes
-from it) and, for disk saves, to the checkpoint directory, then commits. Two staging buffers
+from it: a hard link to the buffer's own file where `staging` could give it one, else a copy)
+and, for disk saves, writes it to the checkpoint directory, then commits. Two staging buffers
 let one save persist while the next one copies; a third save waits for the first to finish.
 """
 
@@ -45,6 +46,7 @@ from engine.checkpoint.layout import (
     part_file_name,
     step_dir_name,
 )
+from engine.checkpoint.staging import Staging
 from engine.checkpoint.store import Location, Url
 
 if TYPE_CHECKING:
@@ -69,7 +71,7 @@ class Stateful(Protocol):
 class _Job:
     step: int
     save_id: str
-    staging: torch.Tensor
+    staging: Staging
     nbytes: int
     shards: list[dict[str, Any]]
     extras: dict[str, int]
@@ -134,7 +136,7 @@ class Checkpointer:
         self.run_id = run_id or _agree_on_run_id(world_size, group)
         self.saves = 0
         self.last_blocking_s = 0.0
-        self._free: list[torch.Tensor] = []
+        self._free: list[Staging] = []
         self._allocated = 0
         self._buffers = threading.Condition()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -196,7 +198,8 @@ class Checkpointer:
              "shards": json.dumps({e["name"]: [e["offset"], e["length"]] for e in shards})},
         )
         on_gpu = any(t.is_cuda for t, _, _ in tensors.values())
-        staging = self._acquire(total, pinned=on_gpu)
+        buffer = self._acquire(total, pinned=on_gpu)
+        staging = buffer.take(total)
         staging[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
         for entry in shards:
             entry["byte_offset"] = offsets[entry["name"]]
@@ -212,7 +215,7 @@ class Checkpointer:
             _Job(
                 step=step,
                 save_id=f"{self.run_id}-{self.saves:06d}",
-                staging=staging,
+                staging=buffer,
                 nbytes=total,
                 shards=shards,
                 extras={"byte_offset": extras_at, "nbytes": len(extras_bytes)},
@@ -251,6 +254,10 @@ class Checkpointer:
             self._jobs.join()
             self._jobs.put(None)
             self._thread.join()
+            with self._buffers:
+                for staging in self._free:
+                    staging.close()
+                self._free.clear()
         if drop_memory_tier and self.memory_dir is not None:
             shutil.rmtree(self.memory_dir, ignore_errors=True)
         self._raise_if_failed()
@@ -269,25 +276,35 @@ class Checkpointer:
         """Saves queued or being written by this rank."""
         return self._jobs.unfinished_tasks
 
-    def _acquire(self, nbytes: int, pinned: bool) -> torch.Tensor:
+    def _acquire(self, nbytes: int, pinned: bool) -> Staging:
+        """A free staging buffer that fits; else a new one while fewer than two are staging
+        (a free buffer whose file is now a memory-tier checkpoint's costs no memory of its
+        own and waits for retention to drop that checkpoint; one too small is let go);
+        else wait for one."""
         with self._buffers:
             while True:
-                fitting = [b for b in self._free if b.numel() >= nbytes]
+                held = [b for b in self._free if not b.reusable]
+                for b in held[: max(0, len(held) - self.memory_keep)]:  # e.g. pinned
+                    self._drop(b)
+                spare = [b for b in self._free if b.reusable]
+                fitting = [b for b in spare if b.capacity >= nbytes]
                 if fitting:
                     self._free.remove(fitting[0])
                     return fitting[0]
-                if self._free:  # too small: give its memory back and grow
-                    self._free.pop()
-                    self._allocated -= 1
-                if self._allocated < _STAGING_BUFFERS:
+                if spare:
+                    self._drop(spare[0])
+                waiting = sum(b not in spare for b in self._free)  # on retention
+                if self._allocated - waiting < _STAGING_BUFFERS:
                     self._allocated += 1
-                    raw = torch.empty(nbytes + store.ALIGNMENT, dtype=torch.uint8,
-                                      pin_memory=pinned)
-                    skip = -raw.data_ptr() % store.ALIGNMENT  # for store.write_buffer
-                    return raw[skip : skip + nbytes]
+                    return Staging(nbytes, pinned, self.memory_dir)
                 self._buffers.wait()
 
-    def _release(self, staging: torch.Tensor) -> None:
+    def _drop(self, staging: Staging) -> None:
+        self._free.remove(staging)
+        staging.close()
+        self._allocated -= 1
+
+    def _release(self, staging: Staging) -> None:
         with self._buffers:
             self._free.append(staging)
             self._buffers.notify()
@@ -307,15 +324,39 @@ class Checkpointer:
                 self._error = self._error or e
             finally:
                 self._release(job.staging)
+            try:
+                self._stage_ahead(job)
+            except Exception as e:
+                self._error = self._error or e
+            finally:
                 self._jobs.task_done()
         self._jobs.task_done()
 
+    def _stage_ahead(self, job: _Job) -> None:
+        """When a save's buffer became its memory-tier file, make the next save's buffer now,
+        here rather than in the next save: a blocking copy into fresh memory costs several
+        times one into memory that is ready."""
+        if job.staging.reusable:
+            return
+        with self._buffers:
+            waiting = sum(not b.reusable for b in self._free)
+            if len(self._free) > waiting or self._allocated - waiting >= _STAGING_BUFFERS:
+                return
+            self._allocated += 1
+        try:
+            staging = Staging(job.nbytes, pinned=False, folder=self.memory_dir)
+        except BaseException:
+            with self._buffers:
+                self._allocated -= 1
+            raise
+        self._release(staging)
+
     def _persist(self, job: _Job) -> None:
         """Write the staged file to each tier on a thread of its own while this thread
-        checksums it (the writes and zlib.crc32 release the GIL); each tier's thread commits
+        checksums it (the writes and the CRC release the GIL); each tier's thread commits
         its checkpoint (and drops the ones retention no longer keeps) once its file and the
         checksums are in, independently of the other tier."""
-        data = memoryview(job.staging.numpy())[: job.nbytes]
+        data = memoryview(job.staging.memory[: job.nbytes].numpy())
         tiers: list[tuple[str, Location, int]] = []
         if self.memory_dir is not None and (self.mirror_disk_saves or not job.to_disk):
             tiers.append(("memory", self.memory_dir, self.memory_keep))
@@ -324,16 +365,19 @@ class Checkpointer:
         crcs: list[int] = []
         checksummed = threading.Event()
 
-        def persist_tier(directory: Location, keep: int) -> None:
+        def persist_tier(tier: str, directory: Location, keep: int) -> None:
             step_dir = directory / step_dir_name(job.step)
             store.make_folder(step_dir)
-            store.write_buffer(step_dir / data_file_name(job.save_id, self.rank), data,
-                               job.save_id)
+            file = step_dir / data_file_name(job.save_id, self.rank)
+            if tier == "memory" and job.staging.file_backed:
+                job.staging.link(file)
+            else:
+                store.write_buffer(file, data, job.save_id)
             checksummed.wait()
             if len(crcs) * BLOCK_BYTES >= len(data):  # else the checksumming failed
                 self._commit(job, crcs, directory, keep)
 
-        writes = [_Background(f"{self._thread.name}-{tier}", persist_tier, directory, keep)
+        writes = [_Background(f"{self._thread.name}-{tier}", persist_tier, tier, directory, keep)
                   for tier, directory, keep in tiers]
         try:
             crcs.extend(block_crcs(data))
