@@ -6,7 +6,8 @@ import re
 import pytest
 import torch
 
-from engine.runtime.data import DataError, TokenLoader, load_tokens, stdlib_source_files
+from engine.data.loader import TokenLoader
+from engine.runtime.data import DataError, load_tokens, stdlib_source_files
 from engine.runtime.spec import DatasetSpec
 
 
