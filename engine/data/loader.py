@@ -212,9 +212,9 @@ def training_data(spec: JobSpec, rank: int, world_size: int) -> TokenLoader:
         if source.vocab_size > spec.model.vocab_size:
             raise DataError(f"model.vocab_size: {spec.model.vocab_size} is smaller than "
                             f"{where}'s tokenizer vocabulary ({source.vocab_size})")
-        field = f"train.data.mix.{i}" if t.data.mix else "train.dataset"
+        field = f"train.data.mix.{i}.path" if t.data.mix else "train.dataset.paths"
         if (len(source.train) - 1) // t.seq_len < 1:
-            raise DataError(f"{field}.path: {where} has {len(source.train)} training tokens, "
+            raise DataError(f"{field}: {where} has {len(source.train)} training tokens, "
                             f"too few for one window of train.seq_len {t.seq_len}")
         batch = t.micro_batch * world_size
         if t.eval_every and (len(source.heldout) - 1) // t.seq_len < batch:
