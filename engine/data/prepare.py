@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import xxhash
@@ -166,7 +166,7 @@ class _Run:
 
     def tick(self) -> None:
         self.progress.elapsed_s = time.monotonic() - self.started
-        self.report(self.progress)
+        self.report(replace(self.progress))  # a snapshot: the caller may keep it
 
 
 def _write(where: Location, chunks: Iterator[bytes] | list[bytes], tag: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,11 @@ class Piece:
 def stdlib_source_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "idlelib", "__pycache__"}
-    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skip]  # not walked at all
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    return sorted(files)
 
 
 def stdlib_source() -> SourceSpec:
@@ -123,12 +128,13 @@ def _remote_files(pattern: str, roots: Sequence[str], field: str) -> list[tuple[
     return found
 
 
-def pieces(files: Sequence[SourceFile]) -> list[Piece]:
+def pieces(files: Sequence[SourceFile], piece_bytes: int = PIECE_BYTES) -> list[Piece]:
     """The pieces the files are read in, in order."""
     out = []
     for f in files:
-        step = PIECE_BYTES if f.kind == "jsonl" else max(f.size, 1)
-        out += [Piece(f, start, min(start + step, f.size)) for start in range(0, max(f.size, 1), step)]
+        step = piece_bytes if f.kind == "jsonl" else max(f.size, 1)
+        out += [Piece(f, start, min(start + step, f.size))
+                for start in range(0, max(f.size, 1), step)]
     return out
 
 
