@@ -26,7 +26,7 @@ import torch
 from engine.data.blend import Blend
 from engine.data.catalog import open_sources
 from engine.data.span import MixSource, TensorSpan
-from engine.runtime.data import DataError
+from engine.errors import DataError
 from engine.runtime.spec import JobSpec, share_errors
 
 
