@@ -253,3 +253,46 @@ def test_a_steps_samples_per_rank_are_those_its_batches_hold():
         assert firsts[0] == samples[0]
     assert sorted(loaders[0].step_samples(16, 0) + loaders[1].step_samples(16, 1)) == list(
         range(16, 24))
+
+
+# -- a job on a mixture of prepared datasets, end to end ---------------------------------------
+
+def prepared(folder, word: str, documents: int = 40) -> str:
+    from engine.data.prepare import prepare
+    from engine.data.sources import SourceSpec
+
+    raw = folder.parent / f"{folder.name}-raw"
+    raw.mkdir(parents=True)
+    for i in range(documents):
+        (raw / f"doc-{i:03d}.txt").write_text(" ".join(f"{word}{(i * j) % 13}" for j in range(40)))
+    prepare([SourceSpec("text", [str(raw / "*.txt")])], "bytes", str(folder), holdout=0.1)
+    return str(folder)
+
+
+def test_a_two_rank_job_on_a_mixture_reports_each_sources_tokens_and_losses(tmp_path):
+    from engine.runtime.events import read_events
+    from engine.runtime.launch import RunTarget, launch
+
+    spec = parse_spec({
+        "name": "mix", "model": {"preset": "nano"},
+        "parallel": {"nodes": 1, "procs_per_node": 2},
+        "train": {"steps": 6, "micro_batch": 2, "seq_len": 32, "eval_every": 3, "threads": 1,
+                  "warmup": 2, "data": {"document_mask": True, "mix": [
+                      {"path": prepared(tmp_path / "prose", "word"), "weight": 3,
+                       "name": "prose"},
+                      {"path": prepared(tmp_path / "code", "x_"), "weight": 1,
+                       "name": "code"}]}},
+        "checkpoint": {"every": 0}})
+    target = RunTarget(run_dir=tmp_path / "mix", events_path=tmp_path / "mix.jsonl", job="mix")
+    assert launch(spec, target) == 0
+    steps = [e for e in read_events(target.events_path) if e["type"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 7))
+    last = steps[-1]
+    assert last["source_tokens"] == {"prose": 18 * 32, "code": 6 * 32}  # 24 samples at 3:1
+    assert sum(last["source_tokens"].values()) == last["tokens"]
+    assert all(set(e["source_loss"]) == {"prose", "code"} for e in steps)
+    evaluated = [e for e in steps if e.get("eval_source_loss")]
+    assert [e["step"] for e in evaluated] == [3, 6]
+    for e in evaluated:
+        losses = e["eval_source_loss"]
+        assert e["eval_loss"] == pytest.approx(0.75 * losses["prose"] + 0.25 * losses["code"])
