@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.data [--preset tiny] [--steps 200] [--rounds 5]
 
-- `loader_vs_training`: tokens/s the loader delivers to one rank (a three-source mixture,
-  windows drawn through the blend and the per-epoch permutations) over the tokens/s the
+- `loader_vs_training`: tokens/s the loader delivers to one rank (a three-source mixture of
+  datasets prepared into memory-mapped token shards, about 4 MB of text each, windows drawn
+  through the blend and the per-epoch permutations, document ids on) over the tokens/s the
   preset trains on at the spec's default batch (forward, backward and AdamW, one rank, every
   core), each the median of `--rounds`. It must stay far above 1 (≥ 50): data never stalls.
 - `mix_error`: the largest relative gap between a source's share of the tokens seen and its
@@ -18,12 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from engine.data.loader import TokenLoader
+from engine.data.prepare import prepare
+from engine.data.shards import PreparedDataset
+from engine.data.sources import SourceSpec
 from engine.data.span import MixSource, TensorSpan
 from engine.moe import MoEModel, preset
 from engine.runtime.spec import TrainSpec
@@ -52,9 +58,28 @@ def median_seconds(work: Callable[[], object], rounds: int) -> float:
     return statistics.median(times)
 
 
+def prepared_mixture(folder: Path, documents: int = 2000) -> list[MixSource]:
+    """Three datasets of `documents` ~2 kB documents each, prepared with the bytes tokenizer."""
+    sources = []
+    for i, weight in enumerate(WEIGHTS):
+        raw = folder / f"raw-{i}"
+        raw.mkdir()
+        with open(raw / "corpus.jsonl", "w") as f:
+            for d in range(documents):
+                words = " ".join(f"w{(d * 31 + j * (i + 3)) % 1009}" for j in range(400))
+                f.write(json.dumps({"text": words}) + "\n")
+        out = folder / f"source-{i}"
+        prepare([SourceSpec("jsonl", [str(raw / "corpus.jsonl")], "text")], "bytes", str(out))
+        sources.append(PreparedDataset.open(str(out)).source(f"s{i}", weight))
+    return sources
+
+
 def loader_rate(t: TrainSpec, rounds: int, batches: int = 50) -> float:
-    loader = TokenLoader(mixture(4_000_000, 1000), t.seq_len, t.micro_batch, 0, 1, seed=0)
-    seconds = median_seconds(lambda: [loader.next_micro_batch() for _ in range(batches)], rounds)
+    with tempfile.TemporaryDirectory() as folder:
+        loader = TokenLoader(prepared_mixture(Path(folder)), t.seq_len, t.micro_batch, 0, 1,
+                             seed=0, document_mask=True)
+        seconds = median_seconds(
+            lambda: [loader.next_micro_batch() for _ in range(batches)], rounds)
     return batches * t.micro_batch * t.seq_len / seconds
 
 
