@@ -46,6 +46,7 @@ STATE = "prepare-state.json"
 SPLITS = ("train", "heldout")
 SHARD_BYTES = 256 << 20  # source bytes per shard
 _BATCH = 256  # documents per encode_batch call
+INLINE_BYTES = 4 << 20  # less source than this is tokenised without worker processes
 
 
 @dataclass
@@ -110,8 +111,12 @@ def _tokenize(piece: Piece) -> PieceTokens:
 class _Workers:
     """Pieces tokenised in order, by worker processes (or in this one, for one worker)."""
 
-    def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str]):
-        self.count = workers or len(os.sched_getaffinity(0))
+    def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str],
+                 todo: Sequence[Piece]):
+        size = sum(p.stop - p.start for p in todo)
+        self.count = min(workers or len(os.sched_getaffinity(0)), len(todo))
+        if not workers and size < INLINE_BYTES:
+            self.count = 1  # starting processes would cost more than they save
         self.pool = None
         if self.count > 1:
             self.pool = multiprocessing.get_context("spawn").Pool(
@@ -334,7 +339,7 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
     p.shards_done = len(records)
     for split in SPLITS:
         store.make_folder(dest / split)
-    pool = _Workers(workers, tok, roots)
+    pool = _Workers(workers, tok, roots, todo[first:])
     try:
         results = pool.map(todo[first:])
         for k in range(len(records), len(groups)):

@@ -176,7 +176,7 @@ class PreparedDataset:
             where = Path(os.path.realpath(where))
         try:
             manifest = json.loads(_read_confined(where / MANIFEST, roots, field))
-        except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError) as e:
             raise DataError(f"{field}: {path_or_url} holds no prepared dataset (no whole "
                             f"{MANIFEST}: not prepared, or its prepare has not finished)") from e
         if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:

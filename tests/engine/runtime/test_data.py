@@ -1,63 +1,32 @@
 """Data: the default corpus, user corpora, and a loader that resumes exactly."""
 
-import json
 import re
 
 import pytest
 import torch
 
-from engine.runtime.data import DataError, TokenLoader, load_tokens, stdlib_source_files
-from engine.runtime.spec import DatasetSpec
+from engine.data.catalog import open_sources
+from engine.runtime.data import DataError, TokenLoader, training_data
+from engine.runtime.spec import parse_spec
+from tests.engine.data.test_tokenizers import wide_tokenizer
 
 
 def test_default_corpus_is_the_standard_library_source():
-    files = stdlib_source_files()
-    assert any(f.name == "os.py" for f in files)
-    splits = load_tokens(DatasetSpec())
-    assert splits.vocab_size == 256
-    assert len(splits.train) > 1_000_000
-    assert 0 < len(splits.heldout) < len(splits.train) // 20
-    assert int(splits.train.max()) < 256
+    [source] = open_sources(parse_spec({"name": "t"}))  # prepared on first use, then cached
+    assert (source.vocab_size, source.eod) == (256, 0)
+    assert len(source.train) > 1_000_000
+    assert 0 < len(source.heldout) < len(source.train) // 20
+    assert int(source.train.read(0, 1_000_000).max()) < 256
 
 
-def test_text_and_jsonl_corpora(tmp_path):
-    (tmp_path / "a.txt").write_text("hello world\n" * 50)
-    (tmp_path / "b.txt").write_text("second file\n" * 50)
-    text = load_tokens(DatasetSpec(kind="text", paths=[str(tmp_path / "*.txt")], holdout=0.1))
-    assert bytes(text.train[:11].tolist()) == b"hello world"
-    assert len(text.train) + len(text.heldout) == 1200
-
-    with (tmp_path / "c.jsonl").open("w") as f:
-        for i in range(20):
-            f.write(json.dumps({"body": f"record {i}", "other": 1}) + "\n")
-    jsonl = load_tokens(
-        DatasetSpec(kind="jsonl", paths=[str(tmp_path / "c.jsonl")], field="body", holdout=0.1)
-    )
-    assert bytes(jsonl.train[:6].tolist()) == b"record"
-
-
-def test_bad_user_data_names_the_field(tmp_path):
-    with pytest.raises(DataError, match=r"train\.dataset\.paths\.0"):
-        load_tokens(DatasetSpec(kind="text", paths=[str(tmp_path / "none*.txt")]))
-    (tmp_path / "d.jsonl").write_text('{"text": 1}\n')
-    with pytest.raises(DataError, match=r"train\.dataset\.field"):
-        load_tokens(DatasetSpec(kind="jsonl", paths=[str(tmp_path / "d.jsonl")]))
-
-
-def test_hugging_face_tokenizer_from_a_local_file(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train([str(corpus)], trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"]))
-    tok.save(str(tmp_path / "tokenizer.json"))
-
-    splits = load_tokens(DatasetSpec(kind="text", paths=[str(corpus)],
-                                     tokenizer=str(tmp_path / "tokenizer.json"), holdout=0.1))
-    assert splits.vocab_size == tok.get_vocab_size()
-    assert splits.train.tolist()[:3] == tok.encode("the quick brown").ids
+def test_a_tokenizer_wider_than_the_model_is_refused_naming_vocab_size(tmp_path):
+    (tmp_path / "a.txt").write_text("w1 w2 w3 " * 100)
+    spec = parse_spec({"name": "t", "model": {"preset": "nano"}, "train": {"dataset": {
+        "kind": "text", "paths": [str(tmp_path / "a.txt")],
+        "tokenizer": str(wide_tokenizer(tmp_path))}}})
+    with pytest.raises(DataError, match=r"model\.vocab_size: 256 is smaller than the "
+                                        r"tokenizer's vocabulary \(70000\)"):
+        training_data(spec, rank=0, world_size=1)
 
 
 def tokens(n=10_000):
