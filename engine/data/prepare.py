@@ -79,7 +79,8 @@ class PieceTokens:
     size: int  # source bytes
 
 
-def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(tokenizer: Tokenizer,
+                     documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """`documents` tokenised, each ended by the eod token: (tokens, each one's length)."""
     dtype = token_dtype(tokenizer.vocab_size)
     eod = np.array([tokenizer.eod], dtype=dtype)
