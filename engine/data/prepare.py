@@ -110,7 +110,9 @@ def _tokenize(piece: Piece) -> PieceTokens:
 
 
 class _Workers:
-    """Pieces tokenised in order, by worker processes (or in this one, for one worker)."""
+    """Pieces tokenised in order, by worker processes (or in this one, for one worker). The
+    workers are forked: they start in milliseconds, where spawned ones would each import the
+    engine first, and use nothing of the parent's but the tokenizer."""
 
     def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str],
                  todo: Sequence[Piece]):
@@ -120,7 +122,7 @@ class _Workers:
             self.count = 1  # starting processes would cost more than they save
         self.pool = None
         if self.count > 1:
-            self.pool = multiprocessing.get_context("spawn").Pool(
+            self.pool = multiprocessing.get_context("fork").Pool(
                 self.count, _init_worker, (tokenizer, tuple(roots)))
         else:
             _init_worker(tokenizer, roots)

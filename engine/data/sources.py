@@ -4,7 +4,7 @@ under the data roots or under an object-store prefix the roots allow; and the bu
 the standard library's own sources, which every machine has without a download.
 
 Files are read in pieces so that worker processes tokenise one large file side by side: a
-JSONL file in pieces of `PIECE_BYTES` (a piece holds the lines that start in it), a text or
+JSONL file in pieces of `PIECE_BYTES` (4 MiB, so that the workers share even a single file evenly; a piece holds the lines that start in it), a text or
 Parquet file whole. Each piece's bytes are hashed as they are read; a file's checksum is the
 xxh3-128 of its pieces' xxh3-128 digests, so it costs no second pass.
 """
@@ -27,7 +27,7 @@ from engine.contract import is_url
 from engine.errors import DataError, SpecError
 from engine.runtime.confine import NO_MATCH, expand, open_confined, resolve
 
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 4 << 20
 _LINE_TAIL = 1 << 20  # read past a piece's end in steps of this, to finish its last line
 Kind = Literal["text", "jsonl", "parquet"]
 

@@ -1,0 +1,190 @@
+"""The data plane: preparing a corpus, and a run's start-up and memory on a large one.
+
+Parts (each adds figures and ratios to one JSON document; `--parts` picks them):
+- `prepare`: `engine.data.prepare` on `--prepare-mb` of standard-library text (JSONL) with a
+  BPE tokenizer trained here on the same text (nothing can be downloaded), against that
+  tokenizer's own `encode_batch` over the same documents, already in memory, on the same cores
+  (its Rayon threads). `prepare_vs_tokenizer`: prepare's tokens/s over encode_batch's, so the
+  overhead of reading, splitting, checksumming and writing shows as the gap below 1.
+- `startup`: a `tiny` CPU job of two ranks on a prepared corpus of `--large-mb` MB of token
+  shards against one of `--small-mb` MB (both from repeated, perturbed standard-library text,
+  byte-tokenised): the time from launch to the first step and the worst rank's peak RSS, each
+  the best of `--repeats` launches, taken in turn. `startup_large_vs_small` and
+  `rss_large_vs_small` are flat (1.0) when nothing of the corpus is loaded per rank.
+
+    python -m bench.data [--parts prepare,startup] [--prepare-mb 32] [--large-mb 2048]
+                         [--small-mb 10] [--repeats 2] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from engine.data.prepare import prepare
+from engine.data.sources import SourceSpec, stdlib_source_files
+
+Part = Callable[[argparse.Namespace, Path], tuple[dict, dict]]
+
+
+def stdlib_texts() -> list[str]:
+    return [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_source_files()]
+
+
+def write_corpus(folder: Path, megabytes: float, file_mb: int = 64) -> list[Path]:
+    """JSONL files of about `megabytes` in all: the standard library's sources over and over,
+    each copy's documents marked with its number so no two documents are the same."""
+    folder.mkdir(parents=True, exist_ok=True)
+    texts, target = stdlib_texts(), int(megabytes * 1e6)
+    files, written, f = [], 0, None
+    for copy in range(10**6):
+        for i, text in enumerate(texts):
+            if f is None or f.tell() >= file_mb * 1e6:
+                if f is not None:
+                    f.close()
+                files.append(folder / f"part-{len(files):04d}.jsonl")
+                f = files[-1].open("w")
+            line = json.dumps({"text": f"# copy {copy} of file {i}\n{text}"}) + "\n"
+            f.write(line)
+            written += len(line)
+            if written >= target:
+                f.close()
+                return files
+    raise AssertionError("unreachable")
+
+
+def train_bpe(folder: Path, vocab_size: int = 8192) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(stdlib_texts()[:300], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def documents(files: list[Path]) -> Iterator[str]:
+    for path in files:
+        with path.open() as f:
+            for line in f:
+                yield json.loads(line)["text"]
+
+
+def prepare_part(args: argparse.Namespace, root: Path) -> tuple[dict, dict]:
+    from tokenizers import Tokenizer
+
+    files = write_corpus(root / "prepare-src", args.prepare_mb, file_mb=8)
+    tokenizer = train_bpe(root)
+    texts = list(documents(files))
+    tok = Tokenizer.from_file(str(tokenizer))
+    ours, theirs = [], []
+    for repeat in range(args.repeats):
+        started = time.perf_counter()
+        tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+        theirs.append(tokens / (time.perf_counter() - started))
+        out = root / f"prepared-{repeat}"
+        started = time.perf_counter()
+        manifest = prepare([SourceSpec("jsonl", [str(f) for f in files])], str(tokenizer),
+                           str(out), holdout=0.01)
+        elapsed = time.perf_counter() - started
+        ours.append(sum(s["tokens"] for s in manifest["splits"].values()) / elapsed)
+        shutil.rmtree(out)
+    figures = {"prepare_mb": args.prepare_mb, "cores": len(os.sched_getaffinity(0)),
+               "tokens": tokens, "prepare_tokens_per_s": max(ours),
+               "encode_batch_tokens_per_s": max(theirs), "prepare_runs": ours,
+               "encode_batch_runs": theirs}
+    return figures, {"prepare_vs_tokenizer": max(ours) / max(theirs)}
+
+
+def prepared_corpus(root: Path, name: str, megabytes: float) -> tuple[Path, float]:
+    """A byte-tokenised corpus of about `megabytes` of shards (uint16: half as much text)."""
+    out = root / name
+    files = write_corpus(root / f"{name}-src", megabytes / 2)
+    started = time.perf_counter()
+    prepare([SourceSpec("jsonl", [str(f) for f in files])], "bytes", str(out), holdout=0.01)
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(root / f"{name}-src")
+    return out, elapsed
+
+
+def first_step(root: Path, dataset: Path, tag: str) -> tuple[float, int]:
+    """A two-rank `tiny` job on `dataset`: seconds from launch to its first step, and the
+    largest RSS any rank reported."""
+    from engine.runtime.events import read_events
+    from engine.runtime.launch import RunTarget, launch
+    from engine.runtime.spec import parse_spec
+
+    spec = parse_spec({
+        "name": f"data-{tag}", "model": {"preset": "tiny"},
+        "parallel": {"nodes": 1, "procs_per_node": 2},
+        "train": {"steps": 3, "micro_batch": 2, "seq_len": 128, "eval_every": 0,
+                  "device": "cpu", "data": {"mix": [{"path": str(dataset)}]}},
+        "checkpoint": {"every": 0},
+    })
+    run = root / "runs" / tag
+    target = RunTarget(run_dir=run, events_path=run / "events.jsonl", job=spec.name)
+    started = time.time()
+    if launch(spec, target) != 0:
+        raise RuntimeError(f"the {tag} run did not complete")
+    steps = [e for e in read_events(target.events_path) if e["type"] == "step"]
+    return steps[0]["time"] - started, max(e["memory"]["rss_bytes"] for e in steps)
+
+
+def startup_part(args: argparse.Namespace, root: Path) -> tuple[dict, dict]:
+    large, large_s = prepared_corpus(root, "large", args.large_mb)
+    small, _ = prepared_corpus(root, "small", args.small_mb)
+    runs: dict[str, list[tuple[float, int]]] = {"large": [], "small": []}
+    for repeat in range(args.repeats):
+        for name, folder in (("small", small), ("large", large)):
+            runs[name].append(first_step(root, folder, f"{name}-{repeat}"))
+    best = {name: (min(r[0] for r in rs), min(r[1] for r in rs)) for name, rs in runs.items()}
+    shard_bytes = {name: sum(f.stat().st_size for f in folder.rglob("shard-*"))
+                   for name, folder in (("large", large), ("small", small))}
+    figures = {"shard_bytes": shard_bytes, "prepare_large_s": large_s,
+               "first_step_s": {n: b[0] for n, b in best.items()},
+               "peak_rss_bytes": {n: b[1] for n, b in best.items()}, "runs": runs}
+    return figures, {"startup_large_vs_small": best["large"][0] / best["small"][0],
+                     "rss_large_vs_small": best["large"][1] / best["small"][1]}
+
+
+PARTS: dict[str, Part] = {"prepare": prepare_part, "startup": startup_part}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated")
+    parser.add_argument("--prepare-mb", type=float, default=32)
+    parser.add_argument("--large-mb", type=float, default=2048)
+    parser.add_argument("--small-mb", type=float, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-data-", dir=args.dir))
+    document: dict = {"figures": {}, "ratios": {}}
+    try:
+        for name in args.parts.split(","):
+            figures, ratios = PARTS[name](args, root / name)
+            document["figures"][name] = figures
+            document["ratios"].update(ratios)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    json.dump(document, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
