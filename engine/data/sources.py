@@ -5,8 +5,9 @@ the standard library's own sources, which every machine has without a download.
 
 Files are read in pieces so that worker processes tokenise one large file side by side: a
 JSONL file in pieces of `PIECE_BYTES` (small, so the workers share even one file evenly; a
-piece holds the lines that start in it), a text or Parquet file whole. Each piece's bytes are hashed as they are read; a file's checksum is the
-xxh3-128 of its pieces' xxh3-128 digests, so it costs no second pass.
+piece holds the lines that start in it), a text or Parquet file whole. Each piece's bytes
+are hashed as they are read; a file's checksum is the xxh3-128 of its pieces' xxh3-128
+digests, so it costs no second pass.
 """
 
 from __future__ import annotations
