@@ -95,9 +95,10 @@ def encode_documents(tokenizer: Tokenizer,
 _worker: tuple[Tokenizer, Sequence[str]] | None = None
 
 
-def _init_worker(tokenizer: Tokenizer, roots: Sequence[str]) -> None:
+def _init_worker(tokenizer: Tokenizer, roots: Sequence[str], process: bool = True) -> None:
     global _worker
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+    if process:  # one core per worker process; in the caller's, the tokenizer's own threads
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker = (tokenizer, tuple(roots))
 
 
@@ -125,7 +126,7 @@ class _Workers:
             self.pool = multiprocessing.get_context("fork").Pool(
                 self.count, _init_worker, (tokenizer, tuple(roots)))
         else:
-            _init_worker(tokenizer, roots)
+            _init_worker(tokenizer, roots, process=False)
 
     def map(self, todo: Sequence[Piece]) -> Iterator[PieceTokens]:
         if self.pool is None:

@@ -28,7 +28,7 @@ from engine.contract import is_url
 from engine.errors import DataError, SpecError
 from engine.runtime.confine import NO_MATCH, expand, open_confined, resolve
 
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 1 << 20
 _LINE_TAIL = 1 << 20  # read past a piece's end in steps of this, to finish its last line
 Kind = Literal["text", "jsonl", "parquet"]
 
