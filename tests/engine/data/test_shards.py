@@ -103,6 +103,7 @@ def test_a_dataset_prepared_to_and_streamed_from_an_object_store(prepared, bucke
     for split in ("train", "heldout"):
         a, b = local.split(split), remote.split(split)
         assert len(a) == len(b)
+        b.prefetch(0, len(b))  # what a loader asks for its next windows
         assert torch.equal(a.read(0, len(a)), b.read(0, len(b)))
         assert torch.equal(a.read(123, 1500), b.read(123, 1500))
         assert torch.equal(a.doc_starts(0, len(a)), b.doc_starts(0, len(b)))
