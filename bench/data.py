@@ -10,7 +10,9 @@ Parts (each adds figures and ratios to one JSON document; `--parts` picks them):
   shards against one of `--small-mb` MB (both from repeated, perturbed standard-library text,
   byte-tokenised): the time from launch to the first step and the worst rank's peak RSS, each
   the best of `--repeats` launches, taken in turn. `startup_large_vs_small` and
-  `rss_large_vs_small` are flat (1.0) when nothing of the corpus is loaded per rank.
+  `rss_large_vs_small` are flat (1.0) when nothing of the corpus is loaded per rank. The
+  data plane alone (open a dataset, read 64 random windows, in a process of its own) is in
+  the figures beside them.
 
     python -m bench.data [--parts prepare,startup] [--prepare-mb 32] [--large-mb 2048]
                          [--small-mb 10] [--repeats 2] [--dir DIR]
@@ -140,6 +142,29 @@ def first_step(root: Path, dataset: Path, tag: str) -> tuple[float, int]:
     return steps[0]["time"] - started, max(e["memory"]["rss_bytes"] for e in steps)
 
 
+OPEN = """
+import resource, sys, time
+import torch
+from engine.data.shards import PreparedDataset
+started = time.perf_counter()
+span = PreparedDataset.open(sys.argv[1]).split("train")
+g = torch.Generator().manual_seed(0)
+for start in torch.randint(0, len(span) - 129, (64,), generator=g).tolist():
+    span.read(start, start + 129)
+print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def open_cost(folder: Path) -> tuple[float, int]:
+    """The data plane alone, in a process of its own: seconds to open the dataset and read 64
+    random windows, and the process's peak RSS."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", OPEN, str(folder)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[0]), int(out[1])
+
+
 def startup_part(args: argparse.Namespace, root: Path) -> tuple[dict, dict]:
     large, large_s = prepared_corpus(root, "large", args.large_mb)
     small, _ = prepared_corpus(root, "small", args.small_mb)
@@ -148,11 +173,14 @@ def startup_part(args: argparse.Namespace, root: Path) -> tuple[dict, dict]:
         for name, folder in (("small", small), ("large", large)):
             runs[name].append(first_step(root, folder, f"{name}-{repeat}"))
     best = {name: (min(r[0] for r in rs), min(r[1] for r in rs)) for name, rs in runs.items()}
+    opened = {name: open_cost(folder) for name, folder in (("small", small), ("large", large))}
     shard_bytes = {name: sum(f.stat().st_size for f in folder.rglob("shard-*"))
                    for name, folder in (("large", large), ("small", small))}
     figures = {"shard_bytes": shard_bytes, "prepare_large_s": large_s,
                "first_step_s": {n: b[0] for n, b in best.items()},
-               "peak_rss_bytes": {n: b[1] for n, b in best.items()}, "runs": runs}
+               "peak_rss_bytes": {n: b[1] for n, b in best.items()}, "runs": runs,
+               "open_and_read_64_windows_s": {n: o[0] for n, o in opened.items()},
+               "open_peak_rss_bytes": {n: o[1] for n, o in opened.items()}}
     return figures, {"startup_large_vs_small": best["large"][0] / best["small"][0],
                      "rss_large_vs_small": best["large"][1] / best["small"][1]}
 
