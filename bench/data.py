@@ -12,7 +12,8 @@ Parts (each adds figures and ratios to one JSON document; `--parts` picks them):
   the best of `--repeats` launches, taken in turn. `startup_large_vs_small` and
   `rss_large_vs_small` are flat (1.0) when nothing of the corpus is loaded per rank. The
   data plane alone (open a dataset, read 64 random windows, in a process of its own) is in
-  the figures beside them.
+  the figures beside them, and the time to check every checksum of the large one
+  (`verify_large_s`: what a start would pay to verify on open).
 
     python -m bench.data [--parts prepare,startup] [--prepare-mb 32] [--large-mb 2048]
                          [--small-mb 10] [--repeats 2] [--dir DIR]
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engine.data.prepare import prepare
+from engine.data.shards import PreparedDataset
 from engine.data.sources import SourceSpec, stdlib_source_files
 
 Part = Callable[[argparse.Namespace, Path], tuple[dict, dict]]
@@ -174,13 +176,17 @@ def startup_part(args: argparse.Namespace, root: Path) -> tuple[dict, dict]:
             runs[name].append(first_step(root, folder, f"{name}-{repeat}"))
     best = {name: (min(r[0] for r in rs), min(r[1] for r in rs)) for name, rs in runs.items()}
     opened = {name: open_cost(folder) for name, folder in (("small", small), ("large", large))}
+    started = time.perf_counter()
+    PreparedDataset.open(str(large), verify=True)  # every checksum: what a start would pay
+    verify_s = time.perf_counter() - started
     shard_bytes = {name: sum(f.stat().st_size for f in folder.rglob("shard-*"))
                    for name, folder in (("large", large), ("small", small))}
     figures = {"shard_bytes": shard_bytes, "prepare_large_s": large_s,
                "first_step_s": {n: b[0] for n, b in best.items()},
                "peak_rss_bytes": {n: b[1] for n, b in best.items()}, "runs": runs,
                "open_and_read_64_windows_s": {n: o[0] for n, o in opened.items()},
-               "open_peak_rss_bytes": {n: o[1] for n, o in opened.items()}}
+               "open_peak_rss_bytes": {n: o[1] for n, o in opened.items()},
+               "verify_large_s": verify_s}
     return figures, {"startup_large_vs_small": best["large"][0] / best["small"][0],
                      "rss_large_vs_small": best["large"][1] / best["small"][1]}
 

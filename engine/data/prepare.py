@@ -46,6 +46,7 @@ STATE = "prepare-state.json"
 SPLITS = ("train", "heldout")
 SHARD_BYTES = 256 << 20  # source bytes per shard
 _BATCH = 256  # documents per encode_batch call
+REPORT_S = 0.5
 INLINE_BYTES = 4 << 20  # less source than this is tokenised without worker processes
 
 
@@ -172,10 +173,16 @@ class _Run:
     report: Callable[[PrepareProgress], None]
     started: float = field(default_factory=time.monotonic)
     tag: str = field(default_factory=lambda: f"{os.getpid()}")
+    reported: float = 0.0
 
-    def tick(self) -> None:
-        self.progress.elapsed_s = time.monotonic() - self.started
-        self.report(replace(self.progress))  # a snapshot: the caller may keep it
+    def tick(self, force: bool = False) -> None:
+        """Report progress: at the start, at each shard's end, and between them at most
+        every `REPORT_S` (a caller may store each report)."""
+        now = time.monotonic()
+        self.progress.elapsed_s = now - self.started
+        if force or now - self.reported >= REPORT_S:
+            self.reported = now
+            self.report(replace(self.progress))  # a snapshot: the caller may keep it
 
 
 def _write(where: Location, chunks: Iterator[bytes] | list[bytes], tag: str) -> str:
@@ -343,6 +350,7 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
     p.shards_done = len(records)
     for split in SPLITS:
         store.make_folder(dest / split)
+    run.tick(force=True)
     pool = _Workers(workers, tok, roots, todo[first:])
     try:
         results = pool.map(todo[first:])
@@ -351,7 +359,7 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
             _write(dest / STATE, [json.dumps({"fingerprint": fp, "shards": records}).encode()],
                    run.tag)
             p.shards_done += 1
-            run.tick()
+            run.tick(force=True)
     finally:
         pool.close()
     if p.documents == 1 and every:
