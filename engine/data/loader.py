@@ -211,7 +211,7 @@ def training_data(spec: JobSpec, rank: int, world_size: int) -> TokenLoader:
         where = f"source {source.name!r}" if len(sources) > 1 else "the dataset"
         if source.vocab_size > spec.model.vocab_size:
             raise DataError(f"model.vocab_size: {spec.model.vocab_size} is smaller than "
-                            f"{where}'s tokenizer vocabulary ({source.vocab_size})")
+                            f"the tokenizer's vocabulary ({source.vocab_size}) of {where}")
         field = f"train.data.mix.{i}.path" if t.data.mix else "train.dataset.paths"
         if (len(source.train) - 1) // t.seq_len < 1:
             raise DataError(f"{field}: {where} has {len(source.train)} training tokens, "

@@ -46,6 +46,8 @@ STATE = "prepare-state.json"
 SPLITS = ("train", "heldout")
 SHARD_BYTES = 256 << 20  # source bytes per shard
 _BATCH = 256  # documents per encode_batch call
+REPORT_S = 0.5
+INLINE_BYTES = 4 << 20  # less source than this is tokenised without worker processes
 
 
 @dataclass
@@ -78,7 +80,8 @@ class PieceTokens:
     size: int  # source bytes
 
 
-def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(tokenizer: Tokenizer,
+                     documents: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """`documents` tokenised, each ended by the eod token: (tokens, each one's length)."""
     dtype = token_dtype(tokenizer.vocab_size)
     eod = np.array([tokenizer.eod], dtype=dtype)
@@ -93,9 +96,10 @@ def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> tuple[np
 _worker: tuple[Tokenizer, Sequence[str]] | None = None
 
 
-def _init_worker(tokenizer: Tokenizer, roots: Sequence[str]) -> None:
+def _init_worker(tokenizer: Tokenizer, roots: Sequence[str], process: bool = True) -> None:
     global _worker
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+    if process:  # one core per worker process; in the caller's, the tokenizer's own threads
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker = (tokenizer, tuple(roots))
 
 
@@ -108,16 +112,22 @@ def _tokenize(piece: Piece) -> PieceTokens:
 
 
 class _Workers:
-    """Pieces tokenised in order, by worker processes (or in this one, for one worker)."""
+    """Pieces tokenised in order, by worker processes (or in this one, for one worker). The
+    workers are forked: they start in milliseconds, where spawned ones would each import the
+    engine first, and use nothing of the parent's but the tokenizer."""
 
-    def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str]):
-        self.count = workers or len(os.sched_getaffinity(0))
+    def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str],
+                 todo: Sequence[Piece]):
+        size = sum(p.stop - p.start for p in todo)
+        self.count = min(workers or len(os.sched_getaffinity(0)), len(todo))
+        if not workers and size < INLINE_BYTES:
+            self.count = 1  # starting processes would cost more than they save
         self.pool = None
         if self.count > 1:
-            self.pool = multiprocessing.get_context("spawn").Pool(
+            self.pool = multiprocessing.get_context("fork").Pool(
                 self.count, _init_worker, (tokenizer, tuple(roots)))
         else:
-            _init_worker(tokenizer, roots)
+            _init_worker(tokenizer, roots, process=False)
 
     def map(self, todo: Sequence[Piece]) -> Iterator[PieceTokens]:
         if self.pool is None:
@@ -163,10 +173,16 @@ class _Run:
     report: Callable[[PrepareProgress], None]
     started: float = field(default_factory=time.monotonic)
     tag: str = field(default_factory=lambda: f"{os.getpid()}")
+    reported: float = 0.0
 
-    def tick(self) -> None:
-        self.progress.elapsed_s = time.monotonic() - self.started
-        self.report(replace(self.progress))  # a snapshot: the caller may keep it
+    def tick(self, force: bool = False) -> None:
+        """Report progress: at the start, at each shard's end, and between them at most
+        every `REPORT_S` (a caller may store each report)."""
+        now = time.monotonic()
+        self.progress.elapsed_s = now - self.started
+        if force or now - self.reported >= REPORT_S:
+            self.reported = now
+            self.report(replace(self.progress))  # a snapshot: the caller may keep it
 
 
 def _write(where: Location, chunks: Iterator[bytes] | list[bytes], tag: str) -> str:
@@ -334,7 +350,8 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
     p.shards_done = len(records)
     for split in SPLITS:
         store.make_folder(dest / split)
-    pool = _Workers(workers, tok, roots)
+    run.tick(force=True)
+    pool = _Workers(workers, tok, roots, todo[first:])
     try:
         results = pool.map(todo[first:])
         for k in range(len(records), len(groups)):
@@ -342,7 +359,7 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
             _write(dest / STATE, [json.dumps({"fingerprint": fp, "shards": records}).encode()],
                    run.tag)
             p.shards_done += 1
-            run.tick()
+            run.tick(force=True)
     finally:
         pool.close()
     if p.documents == 1 and every:

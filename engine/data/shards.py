@@ -29,43 +29,63 @@ from engine.data.span import MixSource
 from engine.errors import DataError, SpecError
 from engine.runtime.confine import open_confined, resolve
 
-BLOCK_BYTES = 4 << 20  # one ranged read from an object store
-CACHE_BLOCKS = 16  # blocks a remote shard keeps (64 MiB)
+BLOCK_BYTES = 1 << 20  # one ranged read from an object store
+CACHE_BLOCKS = 128  # blocks a process keeps (128 MiB)
 _HASH_CHUNK = 64 << 20
 
 
 class _BlockCache:
-    """Ranged reads of one object, in blocks, the least recently used dropped, the block
-    after each one read fetched ahead in the background (reads are mostly sequential within
-    a window, and windows are drawn at random, so one block ahead is enough)."""
+    """Ranged reads of objects in blocks, shared by every remote shard of the process (at
+    most `CACHE_BLOCKS` kept, the least recently used dropped). Windows are drawn at random,
+    so a read fetches only its own blocks; the block after is fetched ahead, in the
+    background, only when a read ends in the second half of a block (a reader going through
+    it in order); `prefetch` fetches the blocks of ranges the loader will read next."""
 
-    _ahead = ThreadPoolExecutor(max_workers=4, thread_name_prefix="shard-read-ahead")
-
-    def __init__(self, where: Url, size: int):
-        self.where, self.size = where, size
-        self.blocks: OrderedDict[int, Future[bytes]] = OrderedDict()
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[tuple[Url, int], Future[bytes]] = OrderedDict()
         self.lock = threading.Lock()
+        self.ahead = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-read-ahead")
 
-    def _fetch(self, b: int) -> Future[bytes]:
+    def fetch(self, where: Url, size: int, b: int) -> Future[bytes]:
         with self.lock:
-            found = self.blocks.get(b)
+            found = self.blocks.get((where, b))
             if found is None:
                 start = b * BLOCK_BYTES
-                found = self._ahead.submit(store.read, self.where, start,
-                                           min(start + BLOCK_BYTES, self.size))
-                self.blocks[b] = found
-            self.blocks.move_to_end(b)
+                found = self.ahead.submit(store.read, where, start,
+                                          min(start + BLOCK_BYTES, size))
+                self.blocks[(where, b)] = found
+            self.blocks.move_to_end((where, b))
             while len(self.blocks) > CACHE_BLOCKS:
                 self.blocks.popitem(last=False)
             return found
 
-    def read(self, start: int, stop: int) -> bytes:
+    def prefetch(self, where: Url, size: int, start: int, stop: int) -> None:
+        for b in range(start // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1):
+            self.fetch(where, size, b)
+
+    def read(self, where: Url, size: int, start: int, stop: int) -> bytes:
         first, last = start // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES
-        parts = [self._fetch(b) for b in range(first, last + 1)]
-        if (last + 1) * BLOCK_BYTES < self.size:
-            self._fetch(last + 1)
+        parts = [self.fetch(where, size, b) for b in range(first, last + 1)]
+        if stop - last * BLOCK_BYTES > BLOCK_BYTES // 2 and (last + 1) * BLOCK_BYTES < size:
+            self.fetch(where, size, last + 1)
         data = b"".join(p.result() for p in parts)
         return data[start - first * BLOCK_BYTES : stop - first * BLOCK_BYTES]
+
+
+_BLOCKS = _BlockCache()
+
+
+class _Remote:
+    """A shard's tokens in an object store, read through the process's block cache."""
+
+    def __init__(self, where: Url, size: int):
+        self.where, self.size = where, size
+
+    def read(self, start: int, stop: int) -> bytes:
+        return _BLOCKS.read(self.where, self.size, start, stop)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        _BLOCKS.prefetch(self.where, self.size, start, stop)
 
 
 class _Shard:
@@ -92,6 +112,11 @@ class _Shard:
             return self._tokens[start:stop]
         size = self.dtype.itemsize
         return np.frombuffer(self._tokens.read(start * size, stop * size), self.dtype)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        size = self.dtype.itemsize
+        if isinstance(self._tokens, _Remote):
+            self._tokens.prefetch(start * size, stop * size)
 
     def starts(self) -> np.ndarray:
         if self._starts is None:  # remote: the index is small, fetched whole on first use
@@ -138,6 +163,12 @@ class ShardSpan:
             return torch.empty(0, dtype=torch.long)
         return torch.from_numpy(np.concatenate(parts).astype(np.int64))
 
+    def prefetch(self, start: int, stop: int) -> None:
+        """Fetch tokens [start, stop) in the background (an object store's; a local shard is
+        the page cache's to keep)."""
+        for shard, _, a, b in self._overlaps(start, stop):
+            shard.prefetch(a, b)
+
     def doc_starts(self, start: int, stop: int) -> torch.Tensor:
         found = []
         for shard, base, a, b in self._overlaps(start, stop):
@@ -176,7 +207,7 @@ class PreparedDataset:
             where = Path(os.path.realpath(where))
         try:
             manifest = json.loads(_read_confined(where / MANIFEST, roots, field))
-        except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError) as e:
             raise DataError(f"{field}: {path_or_url} holds no prepared dataset (no whole "
                             f"{MANIFEST}: not prepared, or its prepare has not finished)") from e
         if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
@@ -202,11 +233,11 @@ class PreparedDataset:
                 shard.verify(self)
 
     def map(self, where: Location, size: int, dtype: np.dtype,
-            label: str) -> np.ndarray | _BlockCache:
+            label: str) -> np.ndarray | _Remote:
         """A local file memory-mapped, a remote one behind a block cache; its size checked."""
         if isinstance(where, Url):
             self.check_size(where, size, label)
-            return _BlockCache(where, size)
+            return _Remote(where, size)
         try:
             f = _open(where, self.roots, self.field)
         except FileNotFoundError:

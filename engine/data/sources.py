@@ -4,9 +4,10 @@ under the data roots or under an object-store prefix the roots allow; and the bu
 the standard library's own sources, which every machine has without a download.
 
 Files are read in pieces so that worker processes tokenise one large file side by side: a
-JSONL file in pieces of `PIECE_BYTES` (a piece holds the lines that start in it), a text or
-Parquet file whole. Each piece's bytes are hashed as they are read; a file's checksum is the
-xxh3-128 of its pieces' xxh3-128 digests, so it costs no second pass.
+JSONL file in pieces of `PIECE_BYTES` (small, so the workers share even one file evenly; a
+piece holds the lines that start in it), a text or Parquet file whole. Each piece's bytes
+are hashed as they are read; a file's checksum is the xxh3-128 of its pieces' xxh3-128
+digests, so it costs no second pass.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from engine.contract import is_url
 from engine.errors import DataError, SpecError
 from engine.runtime.confine import NO_MATCH, expand, open_confined, resolve
 
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 1 << 20
 _LINE_TAIL = 1 << 20  # read past a piece's end in steps of this, to finish its last line
 Kind = Literal["text", "jsonl", "parquet"]
 

@@ -7,10 +7,12 @@ import re
 import pytest
 import torch
 
+from engine.data.catalog import open_sources
 from engine.data.loader import TokenLoader, training_data
 from engine.data.span import MixSource, TensorSpan
 from engine.errors import DataError
 from engine.runtime.spec import parse_spec
+from tests.engine.data.test_tokenizers import wide_tokenizer
 
 SEQ = 16
 
@@ -125,6 +127,24 @@ def test_document_ids_number_the_documents_of_each_row():
         expected -= expected[0].clone()
         assert torch.equal(ids, expected)
     assert TokenLoader(docs, SEQ, 4, 0, 1, seed=1).next_micro_batch().doc_ids is None
+
+
+def test_default_corpus_is_the_standard_library_source():
+    [source] = open_sources(parse_spec({"name": "t"}))  # prepared on first use, then cached
+    assert (source.vocab_size, source.eod) == (256, 0)
+    assert len(source.train) > 1_000_000
+    assert 0 < len(source.heldout) < len(source.train) // 20
+    assert int(source.train.read(0, 1_000_000).max()) < 256
+
+
+def test_a_tokenizer_wider_than_the_model_is_refused_naming_vocab_size(tmp_path):
+    (tmp_path / "a.txt").write_text("w1 w2 w3 " * 100)
+    spec = parse_spec({"name": "t", "model": {"preset": "nano"}, "train": {"dataset": {
+        "kind": "text", "paths": [str(tmp_path / "a.txt")],
+        "tokenizer": str(wide_tokenizer(tmp_path))}}})
+    with pytest.raises(DataError, match=r"model\.vocab_size: 256 is smaller than the "
+                                        r"tokenizer's vocabulary \(70000\)"):
+        training_data(spec, rank=0, world_size=1)
 
 
 def job(tmp_path, **train) -> dict:
