@@ -169,9 +169,22 @@ class TokenLoader:
         sources, samples = self.blend.assign(first, first + sizes[self.rank])
         rows = [self._row(int(s), int(k)) for s, k in zip(sources, samples, strict=True)]
         self.position += sum(sizes)
+        self._prefetch((micro + 1) % self.grad_accum)
         batch = torch.stack([tokens for tokens, _ in rows])
         doc_ids = torch.stack([ids for _, ids in rows]) if self.document_mask else None
         return Batch(batch[:, :-1].contiguous(), batch[:, 1:].contiguous(), sources, doc_ids)
+
+    def _prefetch(self, micro: int) -> None:
+        """Ask the spans that read from an object store for this rank's next micro-batch
+        now, so its windows arrive while this one trains (a local span has no `prefetch`:
+        memory-mapped shards are the page cache's)."""
+        first = self.first_sample(micro)
+        sources, samples = self.blend.assign(first, first + self.micro_sizes(micro)[self.rank])
+        for s, k in zip(sources.tolist(), samples.tolist(), strict=True):
+            prefetch = getattr(self.sources[s].train, "prefetch", None)
+            if prefetch is not None:
+                start = self._window(s, k) * self.seq_len
+                prefetch(start, start + self.seq_len + 1)
 
     def next_batch(self, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, labels) of `next_micro_batch`."""
