@@ -30,6 +30,11 @@ from tests.platform.services import (  # noqa: F401 (fixtures, registered here o
 )
 from tests.workers import worker_index
 
+# prepared datasets (the built-in corpus above all) are cached once for the suite and the
+# engines it starts, in the worktree's var/ rather than the user's home
+os.environ.setdefault("RINGSIDE_DATA_CACHE", os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "var", "datasets"))
+
 
 class RedisServer:
     """A redis-server of the test's own on a private port, which a test may kill and start

@@ -31,6 +31,14 @@ def linear_cross_entropy(
 ) -> torch.Tensor:
     """Mean cross-entropy of the logits `h @ weight.T` (h [N, D], weight [V, D]) against
     `labels` [N], ignoring `IGNORE_INDEX`, computed `chunk` tokens at a time."""
+    return linear_cross_entropy_tokens(h, weight, labels, chunk)[0]
+
+
+def linear_cross_entropy_tokens(
+    h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`linear_cross_entropy`, and each token's loss [N] beside it (0 where ignored; no
+    gradient): what a per-sample or per-source loss is read from at no extra cost."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1, got {chunk}")
     return _LinearCrossEntropy.apply(h.contiguous(), weight.contiguous(), labels, chunk)
@@ -55,10 +63,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         count = kept.sum()
         ctx.save_for_backward(h, weight, targets, kept, lse, count)
         ctx.chunk = chunk
-        return losses.where(kept, 0).sum() / count
+        token_losses = losses.where(kept, 0)
+        ctx.mark_non_differentiable(token_losses)
+        return token_losses.sum() / count, token_losses
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_token_losses):
         h, weight, targets, kept, lse, count = ctx.saved_tensors
         want_h, want_weight = ctx.needs_input_grad[:2]
         # d loss / d logits = (softmax - one_hot(target)) * grad_loss / count on kept tokens

@@ -16,7 +16,12 @@ from torch import nn
 
 from engine.moe.config import MoEConfig
 from engine.moe.dispatch import SlotOrder, routed_experts, sort_slots
-from engine.moe.loss import IGNORE_INDEX, chunk_tokens, linear_cross_entropy
+from engine.moe.loss import (
+    IGNORE_INDEX,
+    chunk_tokens,
+    linear_cross_entropy,
+    linear_cross_entropy_tokens,
+)
 from engine.moe.router import Router
 
 
@@ -25,6 +30,7 @@ class ModelOutput:
     loss: torch.Tensor  # CE + mtp_w * CE_mtp + z_coef * sum z + aux_coef * sum aux
     ce_loss: torch.Tensor  # main head CE, nats per token, detached
     logits: torch.Tensor | None = None
+    sample_ce: torch.Tensor | None = None  # [B]: each row's main head CE, detached
 
 
 class _RMSNormCPU(torch.autograd.Function):
@@ -109,9 +115,24 @@ class _Rotary(torch.autograd.Function):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, heads, hd] rotated by the tables of `rotary_tables`; the dims past
-    2 * cos.shape[-1] pass through unrotated."""
-    return _Rotary.apply(x, cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype))
+    """x [B, T, heads, hd] rotated by the tables of `rotary_tables` ([T, half], or [B, T, half]
+    at per-row positions); the dims past 2 * cos.shape[-1] pass through unrotated."""
+    return _Rotary.apply(x, cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype))
+
+
+def document_positions(
+    doc_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows of packed documents (doc_ids [B, T], each token's document, nondecreasing):
+    the rotary tables at positions that restart with each document, [B, T, half], and the
+    attention mask [B, 1, T, T] that keeps each token to the earlier tokens of its document."""
+    index = torch.arange(doc_ids.shape[1], device=doc_ids.device)
+    begins = torch.ones_like(doc_ids, dtype=torch.bool)
+    begins[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    positions = index - torch.where(begins, index, 0).cummax(-1).values
+    causal = torch.ones(len(index), len(index), dtype=torch.bool, device=doc_ids.device).tril()
+    mask = (doc_ids[:, :, None] == doc_ids[:, None, :]) & causal
+    return cos[positions], sin[positions], mask[:, None]
 
 
 class Attention(nn.Module):
@@ -131,7 +152,9 @@ class Attention(nn.Module):
         self.query_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.use_qk_norm else None
         self.key_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.use_qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask` [B, 1, T, T] (True: may attend) replaces the causal mask: documents."""
         batch, seq, _ = x.shape
         qkv = self.query_key_value(x).view(batch, seq, -1, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
@@ -142,7 +165,8 @@ class Attention(nn.Module):
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             enable_gqa=self.kv_heads != self.heads,
         )
         return self.dense(out.transpose(1, 2).reshape(batch, seq, -1))
@@ -199,6 +223,13 @@ class LMHead(nn.Linear):
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.head_weight(),
                                     labels.reshape(-1), self.chunk_tokens)
+
+    def losses(self, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean cross-entropy and each row's (the mean over its kept tokens, detached)."""
+        mean, tokens = linear_cross_entropy_tokens(h.reshape(-1, h.shape[-1]), self.head_weight(),
+                                                   labels.reshape(-1), self.chunk_tokens)
+        kept = (labels != IGNORE_INDEX).sum(-1).clamp(min=1)
+        return mean, tokens.view(labels.shape).sum(-1) / kept
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.head_weight())
@@ -257,9 +288,10 @@ class Block(nn.Module):
         self.ffn = MoE(config) if moe else SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        h = h + self.attention(self.attention_norm(h), cos, sin)
+        h = h + self.attention(self.attention_norm(h), cos, sin, mask)
         if isinstance(self.ffn, MoE):
             y, z_loss, aux_loss = self.ffn(self.ffn_norm(h))
         else:
@@ -278,9 +310,9 @@ class MTPLayer(nn.Module):
         self.block = Block(config, moe=True)
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, embedded_next: torch.Tensor, h: torch.Tensor, cos, sin):
+    def forward(self, embedded_next: torch.Tensor, h: torch.Tensor, cos, sin, mask=None):
         z = self.eh_proj(torch.cat([self.embed_norm(embedded_next), self.hidden_norm(h)], -1))
-        return self.block(z, cos, sin)
+        return self.block(z, cos, sin, mask)
 
 
 def _shift_left(x: torch.Tensor, steps: int, fill: int) -> torch.Tensor:
@@ -335,8 +367,11 @@ class MoEModel(nn.Module):
                 nn.init.normal_(module.down_proj.weight, 0.0, out_std)
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, return_logits: bool = False
+        self, input_ids: torch.Tensor, labels: torch.Tensor, return_logits: bool = False,
+        doc_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
+        """`doc_ids` [B, T] (engine.data.loader's document mask): each token's document in
+        its row; attention then stays inside each document and positions restart with it."""
         c = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
@@ -352,21 +387,24 @@ class MoEModel(nn.Module):
                 f"({c.max_position_embeddings})"
             )
         cos, sin = rotary_tables(c, seq_len, input_ids.device)
+        mask = None
+        if doc_ids is not None:
+            cos, sin, mask = document_positions(doc_ids.to(input_ids.device), cos, sin)
         h = self.embed_tokens(input_ids)
         z_losses, aux_losses = [], []
         for layer in self.layers:
-            h, z_loss, aux_loss = layer(h, cos, sin)
+            h, z_loss, aux_loss = layer(h, cos, sin, mask)
             z_losses.append(z_loss)
             aux_losses.append(aux_loss)
         final = self.norm(h)
-        ce = self.lm_head(final, labels)
+        ce, sample_ce = self.lm_head.losses(final, labels)
         loss = ce
 
         if self.training and len(self.mtp):
             mtp_ce = []
             for depth, mtp in enumerate(self.mtp, start=1):
                 embedded_next = self.embed_tokens(_shift_left(input_ids, depth, 0))
-                h, z_loss, aux_loss = mtp(embedded_next, h, cos, sin)
+                h, z_loss, aux_loss = mtp(embedded_next, h, cos, sin, mask)
                 z_losses.append(z_loss)
                 aux_losses.append(aux_loss)
                 mtp_labels = _shift_left(labels, depth, IGNORE_INDEX)
@@ -377,7 +415,7 @@ class MoEModel(nn.Module):
         if c.aux_loss_coef and aux_losses:
             loss = loss + c.aux_loss_coef * torch.stack(aux_losses).sum()
         logits = self.lm_head.logits(final) if return_logits else None
-        return ModelOutput(loss, ce.detach(), logits)
+        return ModelOutput(loss, ce.detach(), logits, sample_ce)
 
     # --- the training loop's interface -----------------------------------------------------
 

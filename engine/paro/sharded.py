@@ -148,9 +148,11 @@ class ShardedDataParallel:
                              for runs, decay in self._adam_groups]
 
     def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                         weight: Fraction | None = None) -> Any:
+                         weight: Fraction | None = None,
+                         doc_ids: torch.Tensor | None = None) -> Any:
         """One micro-step: forward, backward of loss x `weight`, the micro-step collectives.
 
+        `doc_ids`, when given, go to the module (packed documents masked apart).
         `weight` is the micro-batch's part of this rank's gradient, which the reduction then
         divides by the world size: 1 / grad_accum (the default) when the ranks share the batch
         evenly; its samples x world size / global batch when they do not (a rebalanced
@@ -166,7 +168,8 @@ class ShardedDataParallel:
             self.comm.reset()  # comm_stats() covers one optimizer step
         self._gather_params()
         with self.timer.op("forward"):
-            output = self.module(input_ids, labels)
+            output = (self.module(input_ids, labels) if doc_ids is None
+                      else self.module(input_ids, labels, doc_ids=doc_ids))
         self._free_params()
         self._gather_params()
         self._attach_grads()

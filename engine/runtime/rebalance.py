@@ -29,7 +29,7 @@ PINNED = "pinned"  # the mode after a person set the shares
 
 
 class Loader(Protocol):
-    """What the rebalancer steers (engine.runtime.data.TokenLoader)."""
+    """What the rebalancer steers (engine.data.loader.TokenLoader)."""
 
     shares: list[int]
     global_batch: int

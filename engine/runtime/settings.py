@@ -10,7 +10,10 @@ construction (the optimizer's weight decay, the checkpointer's schedule, the fau
 told of each change.
 
 `train.lr` is the schedule's peak, `train.lr_factor` (not a spec field) multiplies the
-schedule from now on. The fault policy's `thresholds` and `actions` are replaced whole.
+schedule from now on. `train.data.mix_weights` (a list, one weight per source of the mixture,
+in the order of `train.data.mix`; one for a single dataset) blends the sources at new weights
+from the next sample on (engine.data.blend keeps the change in the loader's state).
+The fault policy's `thresholds` and `actions` are replaced whole.
 
 The changes in force also live in the run folder (`SETTINGS_LOG`, rank 0's, rewritten at each
 change and rollback): a checkpoint holds the changes made before it, so ranks restarted from
@@ -32,12 +35,13 @@ from engine.errors import SpecError
 from engine.runtime.spec import JobSpec, parse_spec
 
 LR_FACTOR = "train.lr_factor"
+MIX_WEIGHTS = "train.data.mix_weights"
 SPEC_KEYS = (
     "train.lr", "train.warmup", "train.decay_end", "train.min_lr_ratio", "train.grad_clip",
     "train.weight_decay", "train.eval_every", "checkpoint.every", "checkpoint.keep",
     "checkpoint.memory_every", "faults.policy.thresholds", "faults.policy.actions",
 )
-SETTABLE = (*SPEC_KEYS, LR_FACTOR)
+SETTABLE = (*SPEC_KEYS, LR_FACTOR, MIX_WEIGHTS)
 SETTINGS_LOG = "live_settings.json"
 
 
@@ -50,9 +54,11 @@ def validate_settings(changes: Any) -> dict[str, Any]:
     spec_data: dict[str, Any] = {"name": "settings"}
     for key, value in changes.items():
         if key == LR_FACTOR:
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not (math.isfinite(value) and value > 0):
+            if not _positive(value):
                 errors[key] = "must be a positive number"
+        elif key == MIX_WEIGHTS:
+            if not isinstance(value, list) or not value or not all(map(_positive, value)):
+                errors[key] = "must be a list of positive numbers, one per source"
         elif key in SPEC_KEYS:
             section, *middle, name = key.split(".")
             node = spec_data.setdefault(section, {})
@@ -68,13 +74,26 @@ def validate_settings(changes: Any) -> dict[str, Any]:
         errors.update(e.errors)
     if errors:
         raise SpecError(errors)
-    return {key: float(value) if key == LR_FACTOR else _get(parsed, key)
-            for key, value in changes.items()}
+    return {key: _live_value(parsed, key, value) for key, value in changes.items()}
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) \
+        and math.isfinite(value) and value > 0
+
+
+def _live_value(parsed: JobSpec, key: str, value: Any) -> Any:
+    if key == LR_FACTOR:
+        return float(value)
+    if key == MIX_WEIGHTS:
+        return [float(w) for w in value]
+    return _get(parsed, key)
 
 
 def launched_values(spec: JobSpec) -> dict[str, Any]:
     """Every live setting's value in `spec`, before any `set` (the lr factor is 1)."""
-    return {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0}
+    return {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0,
+            MIX_WEIGHTS: [entry.weight for entry in spec.train.data.mix] or [1.0]}
 
 
 def _get(spec: JobSpec, key: str) -> Any:
@@ -101,13 +120,20 @@ class HasPolicy(Protocol):
     def set_policy(self, policy: FaultPolicy) -> None: ...
 
 
+class HasMixWeights(Protocol):
+    names: list[str]  # the mixture's sources
+
+    def set_weights(self, weights: list[float]) -> None: ...
+
+
 class LiveSettings:
     """Every rank's. `spec` is the run's own (changed in place: the loop reads it);
     `checkpointer` is set once the run's exists (it saves this component in the train
-    state, so it comes later)."""
+    state, so it comes later); `loader` blends the mixture (None: the weights are not live)."""
 
-    def __init__(self, spec: JobSpec, optimizer: HasWeightDecay, faults: HasPolicy):
-        self.spec, self.optimizer, self.faults = spec, optimizer, faults
+    def __init__(self, spec: JobSpec, optimizer: HasWeightDecay, faults: HasPolicy,
+                 loader: HasMixWeights | None = None):
+        self.spec, self.optimizer, self.faults, self.loader = spec, optimizer, faults, loader
         self.checkpointer: HasSchedule | None = None
         self.launched = launched_values(spec)
         self.lr_factor = 1.0
@@ -122,6 +148,10 @@ class LiveSettings:
         """Validate every key, then apply them all: `{key: {"old", "new"}}`. SpecError
         (nothing changed) naming every bad key."""
         new = validate_settings(changes)
+        sources = len(self.loader.names) if self.loader is not None else 1
+        if MIX_WEIGHTS in new and len(new[MIX_WEIGHTS]) != sources:
+            raise SpecError({MIX_WEIGHTS: f"the mixture has {sources} sources, got "
+                                          f"{len(new[MIX_WEIGHTS])} weights"})
         old = self.values()
         self.overrides.update(new)
         self._apply(new)
@@ -132,6 +162,9 @@ class LiveSettings:
         for key, value in values.items():
             if key == LR_FACTOR:
                 self.lr_factor = value
+            elif key == MIX_WEIGHTS:
+                if self.loader is not None:
+                    self.loader.set_weights(value)
             else:
                 _set(self.spec, key, value)
         if "train.weight_decay" in values:

@@ -73,10 +73,10 @@ class ParallelSpec:
 
 @dataclass
 class DatasetSpec:
-    kind: Literal["stdlib", "text", "jsonl"] = "stdlib"
-    paths: list[str] = field(default_factory=list)  # globs, for text and jsonl
-    field: str = "text"  # the JSONL field that holds the text
-    tokenizer: str = "bytes"  # "bytes" or a path to a Hugging Face tokenizer.json
+    kind: Literal["stdlib", "text", "jsonl", "parquet"] = "stdlib"
+    paths: list[str] = field(default_factory=list)  # globs (or s3:// prefixes), for the others
+    field: str = "text"  # the JSONL field (Parquet column) that holds the text
+    tokenizer: str = "bytes"  # "bytes", a tokenizer.json, or a Hugging Face tokenizer folder
     holdout: float = 0.01  # fraction held out for eval_loss
 
 

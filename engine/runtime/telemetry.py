@@ -44,6 +44,11 @@ class StepMetrics:
     tokens: int
     rss_bytes: int
     eval_loss: float | None = None
+    # per source of the mixture, by name: tokens trained on so far, this step's loss, and at
+    # an evaluation the held-out loss
+    source_tokens: dict[str, int] | None = None
+    source_loss: dict[str, float] | None = None
+    eval_source_loss: dict[str, float] | None = None
 
 
 @dataclass
@@ -176,6 +181,8 @@ class Telemetry:
             step=m.step, loss=m.loss, grad_norm=m.grad_norm, lr=m.lr,
             tokens_per_s=m.tokens_per_s, step_time=m.step_time, tokens=m.tokens,
             memory={"rss_bytes": m.rss_bytes}, eval_loss=m.eval_loss,
+            source_tokens=m.source_tokens, source_loss=m.source_loss,
+            eval_source_loss=m.eval_source_loss,
             state_bytes=worst.state_bytes, comm=worst.comm, system=per_rank_system,
         ))
         self.emit(ExpertsEvent(step=m.step, layers=experts))

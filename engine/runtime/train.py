@@ -20,6 +20,7 @@ import torch.distributed as dist
 from engine.anomaly import FaultInjector, FaultManager
 from engine.checkpoint import Checkpointer
 from engine.contract import Event, LogEvent, StateEvent, checkpoint_dir
+from engine.data.loader import heldout_loaders, training_data
 from engine.horing import Topology
 from engine.moe import MoEModel, cast_parameters
 from engine.moe.model import ModelOutput
@@ -28,7 +29,6 @@ from engine.runtime.approvals import Approvals
 from engine.runtime.checkpointing import TrainCheckpoints
 from engine.runtime.commands import CommandHandler, CommandInbox, CommandRefused, Outcome, PauseWait
 from engine.runtime.control import ControlChannel
-from engine.runtime.data import TokenLoader, training_data
 from engine.runtime.distributed import init_distributed, local_world_size, param_dtype
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
@@ -71,7 +71,7 @@ class Trainer:
             t.threads or max(1, (os.cpu_count() or 1) // local_world_size(self.world_size)))
         self.topo = Topology.from_parallel(p).init_groups()
         self.events = events if self.rank == 0 else None
-        self.loader, self.eval_tokens = training_data(spec, self.rank, self.world_size)
+        self.loader = training_data(spec, self.rank, self.world_size)
         self.strategy = choose_strategy(spec, self.topo, self.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = cast_parameters(MoEModel(spec.model).to(self.device),
@@ -193,27 +193,35 @@ class Trainer:
         if verdict.rebalance:
             outcome["shares"] = s.rebalancer.engage()
         self.response.announce(verdict, **outcome)
+        s.count_source_tokens(self.loader, position)
         # this rank's part of the global mean loss: its mean weighted by its share of the batch
         part = ce * (shares[self.rank] * self.world_size / self.loader.global_batch)
         return self._measure(started, part, grad_norm, lr, shares)
 
     def forward_backward(self) -> torch.Tensor:
         """Accumulate the gradients of this rank's micro-batches, each weighted by its samples
-        (a rebalanced rank's share is uneven); this rank's mean CE loss over them."""
+        (a rebalanced rank's share is uneven); this rank's mean CE loss over them. Each
+        sample's loss is kept for its source (`source_sums`: loss sums and sample counts)."""
         loader, ce = self.loader, torch.zeros((), device=self.device)
+        self.source_sums = torch.zeros(2, len(loader.sources), device=self.device)
         for micro in range(self.spec.train.grad_accum):
+            # the data op is the step's wait on data (the ops event's data_wait_share)
             with self.timer.op("data", kind="data"):
                 first = loader.first_sample(micro)
-                input_ids, labels = loader.next_batch(micro)
-                labels = self.injector.corrupt_batch(self.state.step, first, labels)
-            samples = len(input_ids)
+                batch = loader.next_micro_batch(micro)
+                labels = self.injector.corrupt_batch(self.state.step, first, batch.labels)
+            samples = len(labels)
             with self.timer.op("forward_backward", kind="compute"), \
                     self.injector.slowdown(self.state.step, lambda: self.timer.op("slow_rank")):
                 output = self.dp.forward_backward(
-                    input_ids.to(self.device), labels.to(self.device),
-                    weight=Fraction(samples * self.world_size, loader.global_batch))
+                    batch.input_ids.to(self.device), labels.to(self.device),
+                    weight=Fraction(samples * self.world_size, loader.global_batch),
+                    doc_ids=batch.doc_ids)
                 self.injector.hang_point(self.state.step)
             ce += output.ce_loss.detach() * (samples / loader.shares[self.rank])
+            sources = batch.sources.to(self.device)
+            self.source_sums[0].index_add_(0, sources, output.sample_ce.float())
+            self.source_sums[1].index_add_(0, sources, torch.ones_like(sources, dtype=torch.float))
         return ce
 
     def _rerun(self, verdict: Rerun, ce: torch.Tensor, position: int,
@@ -280,9 +288,13 @@ class Trainer:
             step=s.step, loss=loss, grad_norm=grad_norm, lr=lr,
             tokens_per_s=step_tokens / worst.step_time, step_time=worst.step_time,
             tokens=s.tokens, rss_bytes=worst.rss_bytes,
+            source_tokens=dict(zip(self.loader.names, s.source_tokens, strict=True)),
+            source_loss=self._source_loss(loss),
         )
         if t.eval_every and (s.step % t.eval_every == 0 or s.step == t.steps):
-            metrics.eval_loss = self.evaluate()
+            metrics.eval_source_loss = self.evaluate_sources()
+            metrics.eval_loss = sum(w * metrics.eval_source_loss[name] for name, w in
+                                    zip(self.loader.names, self.loader.blend.weights, strict=True))
         ops, experts = self.telemetry.publish(metrics, worst, counts, self.response.found)
         self.response.observe(grad_norm, metrics.tokens_per_s, int(worst.local["rss_bytes"]),
                               ops, experts)
@@ -291,22 +303,33 @@ class Trainer:
         self.checkpoints.save_if_due()
         return metrics
 
+    def _source_loss(self, loss: float) -> dict[str, float]:
+        """This step's mean training loss per source, over every rank's samples (one source:
+        the step's loss, without a reduction)."""
+        if len(self.loader.sources) == 1:
+            return {self.loader.names[0]: loss}
+        dist.all_reduce(self.source_sums)
+        sums, counts = self.source_sums.tolist()
+        return {name: total / n for name, total, n in
+                zip(self.loader.names, sums, counts, strict=True) if n}
+
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean cross-entropy (nats per token) over the first `eval_batches` held-out
-        micro-batches, the same windows every time."""
-        t = self.spec.train
-        loader = TokenLoader(self.eval_tokens, t.seq_len, t.micro_batch, self.rank,
-                             self.world_size, t.seed, shuffle=False)
-        total = torch.zeros((), device=self.device)
+    def evaluate_sources(self) -> dict[str, float]:
+        """Each source's mean cross-entropy (nats per token) over the first `eval_batches`
+        micro-batches of its held-out split, the same windows every time."""
+        loaders = heldout_loaders(self.loader)
+        totals = torch.zeros(len(loaders), device=self.device)
         with self.dp.full_parameters() as model:
             model.eval()
-            for _ in range(t.eval_batches):
-                input_ids, labels = loader.next_batch()
-                total += model(input_ids.to(self.device), labels.to(self.device)).ce_loss
+            for i, loader in enumerate(loaders):
+                for _ in range(self.spec.train.eval_batches):
+                    batch = loader.next_micro_batch()
+                    totals[i] += model(batch.input_ids.to(self.device),
+                                       batch.labels.to(self.device), doc_ids=batch.doc_ids).ce_loss
             model.train()
-        dist.all_reduce(total)
-        return float(total) / (t.eval_batches * self.world_size)
+        dist.all_reduce(totals)
+        totals /= self.spec.train.eval_batches * self.world_size
+        return dict(zip(self.loader.names, totals.tolist(), strict=True))
 
     # -- the run --------------------------------------------------------------------------
     def fit(self) -> Outcome:

@@ -281,3 +281,26 @@ def test_a_bf16_training_step_on_cuda_never_waits_for_the_host(router):
         torch.cuda.set_sync_debug_mode("default")
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
 
+
+
+def test_with_the_document_mask_a_documents_logits_ignore_what_is_packed_beside_it():
+    torch.manual_seed(0)
+    model = MoEModel(preset("nano")).eval()
+    doc, before, after = (torch.randint(0, 256, (1, n)) for n in (9, 5, 4))
+    alone = model(doc, doc, return_logits=True, doc_ids=torch.zeros(1, 9, dtype=torch.long))
+    packed_ids = torch.cat([before, doc, after], 1)
+    doc_ids = torch.tensor([[0] * 5 + [1] * 9 + [2] * 4])
+    packed = model(packed_ids, packed_ids, return_logits=True, doc_ids=doc_ids)
+    torch.testing.assert_close(packed.logits[:, 5:14], alone.logits, atol=1e-5, rtol=1e-5)
+    # without the mask the neighbour shows, and one document's mask is the causal default
+    unmasked = model(packed_ids, packed_ids, return_logits=True)
+    assert not torch.allclose(unmasked.logits[:, 5:14], alone.logits, atol=1e-3)
+    torch.testing.assert_close(model(doc, doc, return_logits=True).logits, alone.logits)
+
+
+def test_each_rows_loss_is_reported_beside_the_mean():
+    model = MoEModel(preset("nano"))
+    input_ids, labels = batch(model.config, batch_size=3)
+    out = model(input_ids, labels)
+    assert out.sample_ce.shape == (3,) and not out.sample_ce.requires_grad
+    torch.testing.assert_close(out.sample_ce.mean(), out.ce_loss)

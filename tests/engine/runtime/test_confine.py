@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.data.cache import prepared
 from engine.errors import SpecError
 from engine.export import ExportError, _write_tokenizer
 from engine.runtime.confine import NO_MATCH, OUTSIDE, expand, open_confined, resolve
-from engine.runtime.data import DataError, load_tokens
+from engine.errors import DataError
 from engine.runtime.init_from import load_weights
 from engine.runtime.spec import DatasetSpec, parse_spec
 from tests.engine.runtime.test_init_from import save_checkpoint, spec_for, trained
@@ -44,7 +45,7 @@ def test_a_dataset_file_swapped_for_a_link_outside_after_validation_is_refused(l
     swap_for_link(root / "corpus.txt", outside / "secret_key")
 
     with pytest.raises(DataError) as refused:
-        load_tokens(DatasetSpec(kind="text", paths=[corpus]), roots)
+        prepared(DatasetSpec(kind="text", paths=[corpus]), roots)
     assert str(refused.value) == f"train.dataset.paths.0: {OUTSIDE}"
 
 
@@ -52,7 +53,7 @@ def test_a_glob_whose_match_became_a_link_outside_is_refused(layout):
     root, outside = layout
     swap_for_link(root / "corpus.txt", outside / "secret_key")
     with pytest.raises(DataError, match=OUTSIDE):
-        load_tokens(DatasetSpec(kind="text", paths=[str(root / "*.txt")]), [str(root)])
+        prepared(DatasetSpec(kind="text", paths=[str(root / "*.txt")]), [str(root)])
 
 
 def test_a_root_swapped_for_a_link_outside_is_refused(tmp_path, layout):
@@ -77,7 +78,7 @@ def test_a_tokenizer_swapped_for_a_link_outside_is_refused_by_the_run_and_the_ex
     dataset = DatasetSpec(kind="text", paths=[str(root / "corpus.txt")],
                           tokenizer=str(tokenizer))
     with pytest.raises(DataError) as refused:
-        load_tokens(dataset, [str(root)])
+        prepared(dataset, [str(root)])
     assert str(refused.value) == f"train.dataset.tokenizer: {OUTSIDE}"
 
     spec = parse_spec({"name": "t", "data": {"roots": [str(root)]},
@@ -120,7 +121,7 @@ def test_a_glob_matching_nothing_inside_says_so_without_echoing_it(layout):
 
 def test_without_roots_every_path_is_read_as_given(layout):
     _, outside = layout  # the engine's command line: one user's own tool
-    splits = load_tokens(DatasetSpec(kind="text", paths=[str(outside / "secret_key")]))
-    assert len(splits.train) > 0
+    assert (prepared(DatasetSpec(kind="text", paths=[str(outside / "secret_key")]))
+            / "manifest.json").exists()
     with pytest.raises(DataError, match="no file matches"):
-        load_tokens(DatasetSpec(kind="text", paths=[str(outside / "none*")]))
+        prepared(DatasetSpec(kind="text", paths=[str(outside / "none*")]))

@@ -7,7 +7,7 @@ import torch
 
 from engine.anomaly.policy import DEFAULTS
 from engine.runtime.commands import CommandRefused
-from engine.runtime.data import TokenLoader
+from engine.data.loader import TokenLoader
 from engine.runtime.rebalance import PINNED, Rebalancer, proportional_shares
 from tests.engine.runtime.test_train import losses, run
 

@@ -5,7 +5,7 @@ spike (a one-off scaling of a step's loss)."""
 import math
 
 from engine.contract import RerunCause
-from engine.runtime.data import training_data
+from engine.data.loader import training_data
 from engine.runtime.rerun import attribute, same_result
 from engine.runtime.spec import parse_spec
 from tests.engine.runtime.test_faults import of_type, run
@@ -63,7 +63,7 @@ def test_a_bad_batch_is_recorded_and_skipped_and_a_transient_spike_retried(tmp_p
     assert bad["samples"] == [29 * 4 + 2, 29 * 4 + 3]
     marker = tmp_path / "rerun" / "faults" / "injected-0-bad_batch"
     assert int(marker.read_text()) == bad["samples"][0]  # the batch the injection scrambled
-    loader, _ = training_data(parse_spec(spec), rank=1, world_size=2)
+    loader = training_data(parse_spec(spec), rank=1, world_size=2)
     assert bad["windows"] == [loader.window(i) for i in bad["samples"]]
 
     # the transient spike: gone on the rerun, so the step's; it goes on with the rerun's

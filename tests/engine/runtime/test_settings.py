@@ -130,3 +130,32 @@ def test_the_log_carries_the_changes_in_force_over_an_older_checkpoint_after_a_r
     fresh.log = log
     assert carry_over(fresh, resumed=False, broadcast=lambda box: None) == {}
     assert not log.exists() and fresh.spec.train.lr == live().spec.train.lr
+
+
+class Weights:
+    names = ["web", "code"]
+
+    def __init__(self):
+        self.calls = []
+
+    def set_weights(self, weights: list[float]) -> None:
+        self.calls.append(weights)
+
+
+def test_the_mixture_weights_are_live_checked_against_the_sources_and_reach_the_loader():
+    spec = parse_spec({"name": "t", "train": {"data": {"mix": [
+        {"path": "/d/web", "weight": 3}, {"path": "/d/code", "weight": 1}]}}})
+    loader = Weights()
+    settings = LiveSettings(spec, Optimizer(), FaultManager(spec.faults.policy), loader)
+    assert settings.values()["train.data.mix_weights"] == [3.0, 1.0]
+    with pytest.raises(SpecError, match="list of positive numbers"):
+        validate_settings({"train.data.mix_weights": [1, -1]})
+    with pytest.raises(SpecError, match="2 sources, got 3"):
+        settings.change({"train.data.mix_weights": [1, 1, 1]})
+    assert loader.calls == []
+    assert settings.change({"train.data.mix_weights": [1, 4]}) == {
+        "train.data.mix_weights": {"old": [3.0, 1.0], "new": [1.0, 4.0]}}
+    assert loader.calls == [[1.0, 4.0]]
+    again = LiveSettings(spec, Optimizer(), FaultManager(spec.faults.policy), Weights())
+    again.load_state_dict(settings.state_dict())
+    assert again.loader.calls == [[1.0, 4.0]]

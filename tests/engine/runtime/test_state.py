@@ -6,7 +6,7 @@ from torch import nn
 
 from engine.anomaly import Anomaly, FaultManager
 from engine.checkpoint import Checkpointer, open_checkpoint, read_extras
-from engine.runtime.data import TokenLoader
+from engine.data.loader import TokenLoader
 from engine.runtime.spec import parse_spec
 from engine.runtime.state import TrainState
 

@@ -1,5 +1,5 @@
-"""An S3-compatible object store for the checkpoint tests: moto's server mode on a free port,
-spoken to over real HTTP through s3fs, as an engine on another host would."""
+"""An S3-compatible object store for the checkpoint and dataset tests: moto's server mode on a
+free port, spoken to over real HTTP through s3fs, as an engine on another host would."""
 
 from __future__ import annotations
 
