@@ -158,13 +158,14 @@ class WandB:
 
     def __init__(self, sink: Sink, job: Job):
         import wandb
+        from wandb.sdk.lib.runid import generate_id
 
         mode = sink.config.get("mode", "offline")
         key = secrets.reveal(job.owner_id, SecretName.WANDB_API_KEY)
         if mode == "online" and not key:
             raise TrackerError("no W&B API key: set yours with PUT /api/me/secrets/"
                                f"{SecretName.WANDB_API_KEY}/")
-        run_id = sink.run_id or wandb.util.generate_id()
+        run_id = sink.run_id or generate_id()
         Sink.objects.filter(pk=sink.pk).update(run_id=run_id)
         run_dir(job).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
