@@ -110,9 +110,8 @@ class SinkConsumer:
         return self.poll(block_ms=None) == 0 and not self._pending
 
     def _record(self, state: str, error: str) -> None:
-        self.sink.state = state
-        if error:
-            self.sink.last_error = error
+        """The sink's state on its row; `error` says why it fails, empty once it writes."""
+        self.sink.state, self.sink.last_error = state, error
         Sink.objects.filter(pk=self.sink.pk).update(
             state=state, last_seq=self.sink.last_seq, last_error=self.sink.last_error,
             updated=timezone.now())

@@ -29,7 +29,7 @@ class Sink(models.Model):
     state = models.CharField(max_length=16, choices=SinkState.choices,
                              default=SinkState.WAITING)
     last_seq = models.PositiveBigIntegerField(default=0, help_text="the last event written")
-    last_error = models.TextField(blank=True, help_text="why its last write failed, if it did")
+    last_error = models.TextField(blank=True, help_text="why it fails now; empty while it writes")
     run_id = models.CharField(max_length=128, blank=True,
                               help_text="the tracker's run (MLflow, W&B): a relaunch continues it")
     updated = models.DateTimeField(auto_now=True)
