@@ -65,5 +65,6 @@ class Secret(models.Model):
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="one_secret_per_name")]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"],
+                                               name="one_secret_per_name")]
         ordering = ["name"]

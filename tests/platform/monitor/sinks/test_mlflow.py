@@ -15,6 +15,7 @@ from monitor.ingest import GROUP, StreamIngest
 from monitor.sinks.consumer import SinkConsumer, group_of
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.options import SinkError, parse
+from ringside.addresses import Refused
 from ringside.services import stop_process_group, wait_for_port
 from tests.platform.monitor.sinks.conftest import SERIES, STEPS, publish_run, write_all
 
@@ -129,7 +130,7 @@ def test_a_users_tracking_uri_must_be_a_public_address(job, bus, platform_redis_
     sink = Sink.objects.create(job=job, kind=SinkKind.MLFLOW,
                                config={"kind": "mlflow", "tracking_uri": "http://localhost:1/"})
     publish_run(job, platform_redis_url, steps=[1])
-    with pytest.raises(Exception):
+    with pytest.raises(Refused):
         SinkConsumer(sink, bus).poll()
     sink.refresh_from_db()
     assert (sink.state, sink.last_error) == (SinkState.FAILING, "Refused: not a public address")
