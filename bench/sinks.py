@@ -1,11 +1,12 @@
 """What a job's metric sinks cost its training: step time with TensorBoard, MLflow and W&B on,
 over none.
 
-    .venv/bin/python -m bench.sinks [--preset nano] [--block 10] [--rounds 6]
+    .venv/bin/python -m bench.sinks [--preset nano] [--block 20] [--rounds 8]
 
 The engine's own `Trainer` trains on one CPU rank in a process of its own and publishes its
 events to the job's Redis stream (as rank 0 does); this process plays the job's supervisor,
-where the sinks run: a thread per sink polls its `SinkConsumer` (monitor.sinks.consumer), the
+where the sinks run: a thread per sink polls its `SinkConsumer` (monitor.sinks.consumer) every
+RINGSIDE_SINK_INTERVAL_S as the supervisor's `SinkRunner` does, the
 TensorBoard sink into event files, the MLflow sink into a real tracking server started here
 (`mlflow server`, SQLite), the W&B sink offline. Blocks of `--block` steps take turns with the
 sinks on and off (the order rotates each round, so drift falls on both alike); between blocks
@@ -79,9 +80,12 @@ class SinkThreads:
             thread.start()
 
     def _follow(self, consumer) -> None:
+        from django.conf import settings
+
         while not self.done:
             if self.on.wait(0.1):
                 consumer.poll(block_ms=100)
+                time.sleep(settings.RINGSIDE_SINK_INTERVAL_S)  # as SinkRunner writes
 
     def catch_up(self) -> None:
         """Write what is left (the sinks off: the trainer waits meanwhile)."""
@@ -152,8 +156,8 @@ def measure(args: argparse.Namespace, platform, tracking_uri: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="nano")
-    parser.add_argument("--block", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
     os.environ.setdefault("RUNS_DIR", tempfile.mkdtemp(prefix="ringside-bench-runs-"))
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")

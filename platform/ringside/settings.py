@@ -280,10 +280,12 @@ RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW")
 RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "20"))
 # Metric sinks (monitor.sinks): the operator's MLflow tracking server, used by an `mlflow` sink
 # that names none (trusted: it may sit on an internal address); how long a job's sinks get to
-# catch up once its engine exited before a Celery task takes over (RINGSIDE_SINK_DRAIN_S), and
-# the longest wait between tries at an unreachable tracker
+# catch up once its engine exited before a Celery task takes over (RINGSIDE_SINK_DRAIN_S), how
+# often a sink writes what came (RINGSIDE_SINK_INTERVAL_S), and the longest wait between tries
+# at an unreachable tracker
 RINGSIDE_MLFLOW_TRACKING_URI = os.environ.get("RINGSIDE_MLFLOW_TRACKING_URI", "")
 RINGSIDE_SINK_DRAIN_S = float(os.environ.get("RINGSIDE_SINK_DRAIN_S", "10"))
+RINGSIDE_SINK_INTERVAL_S = float(os.environ.get("RINGSIDE_SINK_INTERVAL_S", "2"))
 RINGSIDE_SINK_RETRY_MAX_S = float(os.environ.get("RINGSIDE_SINK_RETRY_MAX_S", "30"))
 # a delivery (a Celery task, jobs.webhooks) is tried up to WEBHOOK_ATTEMPTS times while the
 # receiver is unreachable or answers 5xx/429; the n-th retry waits WEBHOOK_RETRY_S * 2**(n-1)

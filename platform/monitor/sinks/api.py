@@ -4,17 +4,21 @@ are set and when, never a value)."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.errors import BAD_BODY, FIELD_ERRORS, UNAUTHENTICATED
 from monitor.sinks import options, secrets
 from monitor.sinks.models import Secret, SecretName, Sink, SinkDefaults
 
 SECRET_MAX_CHARS = 4096
+SECRET_NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH,
+                               enum=SecretName.values, description="which token")
 
 
 class SinkSerializer(serializers.ModelSerializer):
@@ -52,11 +56,12 @@ class SinkDefaultsView(APIView):
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: SinkListBody})
+    @extend_schema(responses={200: SinkListBody, 401: UNAUTHENTICATED})
     def get(self, request: Request) -> Response:
         return Response({"sinks": options.defaults_of(request.user.pk)})
 
-    @extend_schema(request=SinkListBody, responses={200: SinkListBody})
+    @extend_schema(request=SinkListBody,
+                   responses={200: SinkListBody, 400: BAD_BODY, 401: UNAUTHENTICATED})
     def put(self, request: Request) -> Response:
         body = SinkListBody(data=request.data)
         body.is_valid(raise_exception=True)
@@ -70,7 +75,7 @@ class SecretListView(APIView):
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: SecretSerializer(many=True)})
+    @extend_schema(responses={200: SecretSerializer(many=True), 401: UNAUTHENTICATED})
     def get(self, request: Request) -> Response:
         return Response(SecretSerializer(Secret.objects.filter(owner=request.user),
                                          many=True).data)
@@ -82,7 +87,9 @@ class SecretView(APIView):
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(request=SecretBody, responses={200: SecretSerializer})
+    @extend_schema(request=SecretBody, parameters=[SECRET_NAME], responses={
+        200: SecretSerializer, 400: BAD_BODY, 401: UNAUTHENTICATED,
+        404: OpenApiResponse(FIELD_ERRORS, description="not a secret's name")})
     def put(self, request: Request, name: str) -> Response:
         if name not in SecretName.values:
             return Response({"name": [f"not a secret's name; known: {', '.join(SecretName)}"]},
@@ -92,7 +99,7 @@ class SecretView(APIView):
         secret = secrets.store(request.user.pk, name, body.validated_data["value"])
         return Response(SecretSerializer(secret).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(parameters=[SECRET_NAME], responses={204: None, 401: UNAUTHENTICATED})
     def delete(self, request: Request, name: str) -> Response:
         Secret.objects.filter(owner=request.user, name=name).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)

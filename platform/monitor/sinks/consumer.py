@@ -6,7 +6,8 @@ its own group's entries, never the ingest or the engine (which only appends to t
 them; a failure leaves them pending, records the error on the sink's row (the job's page and
 API show it), drops the tracker and makes the next poll start again from the pending entries,
 so an outage of the tracker loses nothing and reorders nothing. `SinkRunner` polls one sink
-in a thread of the job's supervisor while the engine runs, waiting longer after each failure;
+in a thread of the job's supervisor while the engine runs, every RINGSIDE_SINK_INTERVAL_S,
+waiting longer after each failure;
 stopped, it catches up within RINGSIDE_SINK_DRAIN_S and leaves what is left to the Celery task
 `catch_up`.
 """
@@ -160,6 +161,9 @@ class SinkRunner(threading.Thread):
             try:
                 consumer.poll(block_ms=self.block_ms)
                 retry_s = FIRST_RETRY_S
+                # a tracker is no live view: a batch of steps per write costs a run's training
+                # far less CPU than a write per step (one MLflow request, one flush)
+                self.stopping.wait(settings.RINGSIDE_SINK_INTERVAL_S)
             except Exception as error:
                 log.warning("job %s: the %s sink failed (%s); again in %.1f s",
                             self.sink.job_id, self.sink.kind, error, retry_s)

@@ -44,12 +44,18 @@ class CheckpointLink:
 
 
 Record = Scalars | Note | CheckpointLink
+# the event types a tracker is told about
+TOLD = frozenset(cls.type for cls in (contract.StepEvent, contract.AnomalyEvent,
+                                      contract.ActionEvent, contract.StateEvent,
+                                      contract.CheckpointEvent))
 
 
 def records(events: list[dict[str, Any]]) -> list[Record]:
     """The records of events as published (wire dicts), in their order."""
     found: list[Record] = []
     for event in events:
+        if event.get("type") not in TOLD:
+            continue  # not parsed at all: the per-op and expert-load events are most of a run's
         try:
             parsed = contract.parse_event(event)
         except contract.ContractError as error:
