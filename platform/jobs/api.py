@@ -82,6 +82,7 @@ from jobs.steering import audit, issue
 from monitor import goodput
 from monitor.api import GOODPUT, SERIES, GoodputCauseQuery, MetricsQuery, metrics_payload
 from monitor.models import Action, Anomaly, Checkpoint, Event
+from monitor.sinks import options as sink_options
 from ringside.parsers import BoundedJSONParser
 from ringside.text import text_errors
 
@@ -168,7 +169,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         description="Body: the job spec itself (DESIGN.md §3), plus an optional `platform` "
         "object, the platform's fault policy for the job (`max_auto_actions_per_hour`, "
         "`resume_on_failure`; jobs/policy.py), and an optional `priority` (-100..100, default 0: "
-        "placement order, higher first; at most RINGSIDE_MAX_USER_PRIORITY unless staff). An "
+        "placement order, higher first; at most RINGSIDE_MAX_USER_PRIORITY unless staff), and "
+        "optional `sinks`, the trackers it writes to (`\"tensorboard\"`, `{\"kind\": \"mlflow\", "
+        "\"tracking_uri\": ...}`, `{\"kind\": \"wandb\", \"mode\": \"offline\"}`; default: "
+        "yours at /api/me/sinks/; monitor.sinks.options). An "
         "invalid body, or a model no registered host's memory holds in any strategy, answers "
         "400 with `errors`, a map from each bad field's dotted path to a message; 429 at the "
         "user's jobs quota (jobs.admission).",
@@ -183,12 +187,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         policy = PlatformPolicy()
         extras = JobOptions().fields  # the platform's own fields beside the spec
         options = JobOptions(data={})
+        sinks = None  # the owner's defaults
         if isinstance(data, dict):
             options = JobOptions(data={k: v for k, v in data.items() if k in extras})
-            data = {k: v for k, v in data.items() if k != "platform" and k not in extras}
+            data = {k: v for k, v in data.items()
+                    if k not in ("platform", "sinks") and k not in extras}
             try:
                 policy = PlatformPolicy.parse(request.data.get("platform"))
             except PolicyError as e:
+                errors.update(e.errors)
+            try:
+                sinks = (sink_options.parse(request.data["sinks"])
+                         if "sinks" in request.data else None)
+            except sink_options.SinkError as e:
                 errors.update(e.errors)
         if not options.is_valid():
             errors.update({k: " ".join(map(str, v)) for k, v in options.errors.items()})
@@ -204,7 +215,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         admission.admit(request.user, spec, options.validated_data["priority"])
-        job = self._launch(request, spec, policy, "job.create", **options.validated_data)
+        job = self._launch(request, spec, policy, "job.create", sinks=sinks,
+                           **options.validated_data)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobNoteSerializer,
@@ -223,13 +235,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(JobDetailSerializer(job).data)
 
     def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
-                resume_from: str = "", priority: int = 0, **details) -> Job:
+                resume_from: str = "", priority: int = 0,
+                sinks: list[dict[str, str]] | None = None, **details) -> Job:
         from jobs.tasks import dispatch
 
         with transaction.atomic():
             job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
                                      platform=policy.to_dict(), resume_from=resume_from,
                                      priority=priority)
+            sink_options.attach(job, sinks)
             audit(what, actor(request), request_cause(request), job=job, **details)
             dispatch(job)
         return job
@@ -440,6 +454,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self._launch(request, spec, PlatformPolicy.parse(original.platform or None),
                            "job.clone", resume_from=body.validated_data["resume_from"],
                            priority=admission.capped_priority(request.user, original.priority),
+                           sinks=[sink.config for sink in original.sinks.all()],
                            original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 

@@ -42,6 +42,7 @@ from jobs.models import (
     Webhook,
 )
 from monitor.models import Action, Anomaly, Checkpoint
+from monitor.sinks.api import SinkSerializer
 from ringside.addresses import Refused, reachable
 from ringside.text import text_error
 
@@ -138,9 +139,11 @@ class JobNoteSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     transitions = JobEventSerializer(many=True, read_only=True)
+    sinks = SinkSerializer(many=True, read_only=True, help_text=(
+        "the trackers the job writes to, how far each got and its last error (monitor.sinks)"))
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "transitions"]
+        fields = [*JobSerializer.Meta.fields, "transitions", "sinks"]
         read_only_fields = fields
 
 

@@ -50,6 +50,7 @@ from jobs.membership import (
 from jobs.models import Cause, Command, CommandKind, CommandState, IllegalTransition, Job, State
 from jobs.webhooks import notify
 from monitor.ingest import StreamIngest
+from monitor.sinks import consumer as sinks
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ def supervise(job: Job, me: str) -> None:
     ingest.drain()
     proc, peers = _start(job)
     log.info("job %s: engine started, pid %s (launch %s)", job.pk, proc.pid, job.launches)
+    # each sink follows the stream on its own thread, never holding the ingest (monitor.sinks)
+    sink_runners = sinks.start(job.pk, settings.REDIS_URL)
     supervisor = Supervisor(job, proc, ingest, me, peers)
     try:
         engine = supervisor.run()
@@ -84,6 +87,7 @@ def supervise(job: Job, me: str) -> None:
         raise
     finally:
         client.close()
+        sinks.stop(sink_runners)
     if engine.owned:
         placement.release(job)  # before `finish`, which may queue the job to be placed anew
         finish(job, proc.returncode, engine)

@@ -142,6 +142,7 @@ INSTALLED_APPS = [
     "ringside",
     "jobs",
     "monitor",
+    "monitor.sinks",
     "hosts",
 ]
 
@@ -277,6 +278,15 @@ WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
 # the operator's own receivers on an internal network
 RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW")
 RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "20"))
+# Metric sinks (monitor.sinks): the operator's MLflow tracking server, used by an `mlflow` sink
+# that names none (trusted: it may sit on an internal address); how long a job's sinks get to
+# catch up once its engine exited before a Celery task takes over (RINGSIDE_SINK_DRAIN_S), how
+# often a sink writes what came (RINGSIDE_SINK_INTERVAL_S), and the longest wait between tries
+# at an unreachable tracker
+RINGSIDE_MLFLOW_TRACKING_URI = os.environ.get("RINGSIDE_MLFLOW_TRACKING_URI", "")
+RINGSIDE_SINK_DRAIN_S = float(os.environ.get("RINGSIDE_SINK_DRAIN_S", "10"))
+RINGSIDE_SINK_INTERVAL_S = float(os.environ.get("RINGSIDE_SINK_INTERVAL_S", "2"))
+RINGSIDE_SINK_RETRY_MAX_S = float(os.environ.get("RINGSIDE_SINK_RETRY_MAX_S", "30"))
 # a delivery (a Celery task, jobs.webhooks) is tried up to WEBHOOK_ATTEMPTS times while the
 # receiver is unreachable or answers 5xx/429; the n-th retry waits WEBHOOK_RETRY_S * 2**(n-1)
 WEBHOOK_ATTEMPTS = int(os.environ.get("WEBHOOK_ATTEMPTS", "4"))

@@ -19,6 +19,7 @@ from jobs.api import (
 from jobs.files import FilesView
 from jobs.login import LoginView
 from jobs.tokens import tokens_page
+from monitor.sinks.api import SecretListView, SecretView, SinkDefaultsView
 
 # API names ("job-list", "job-detail", ...) come from the router; pages have their own.
 router = DefaultRouter()
@@ -42,6 +43,9 @@ urlpatterns = [
     path("api/commands/", CommandRulesView.as_view(), name="api-commands"),
     path("api/audit/", AuditView.as_view(), name="api-audit"),
     path("api/files/", FilesView.as_view(), name="api-files"),
+    path("api/me/sinks/", SinkDefaultsView.as_view(), name="api-sink-defaults"),
+    path("api/me/secrets/", SecretListView.as_view(), name="api-secrets"),
+    path("api/me/secrets/<str:name>/", SecretView.as_view(), name="api-secret"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("monitor.urls")),  # telemetry reads: ops, experts

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class SinksConfig(AppConfig):
+    name = "monitor.sinks"
+    label = "sinks"
+    verbose_name = "Metric sinks"

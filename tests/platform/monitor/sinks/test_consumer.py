@@ -1,0 +1,36 @@
+"""A job's sinks as its supervisor runs them: a thread per sink following the stream, caught
+up and closed once the engine exited; `catch_up` finishes what a stopped sink left."""
+
+import pytest
+
+from monitor.sinks import consumer
+from monitor.sinks.models import Sink, SinkKind, SinkState
+from monitor.sinks.trackers import tensorboard_dir
+from tests.platform.monitor.sinks.conftest import publish_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_each_sink_follows_the_stream_on_its_thread_and_closes_once_caught_up(
+        job, platform_redis_url, eventually):
+    sink = Sink.objects.create(job=job, kind=SinkKind.TENSORBOARD)
+    runners = consumer.start(job.pk, platform_redis_url)
+    publish_run(job, platform_redis_url, steps=range(1, 4))
+    eventually(lambda: Sink.objects.get(pk=sink.pk).last_seq == 3, 30,
+               "the sink did not follow the stream")
+    publish_run(job, platform_redis_url, steps=range(4, 7))  # the engine's last events
+    consumer.stop(runners)
+    for runner in runners:
+        runner.join(30)
+    sink.refresh_from_db()
+    assert (sink.state, sink.last_seq, sink.last_error) == (SinkState.CLOSED, 9, "")
+    assert any(tensorboard_dir(job).iterdir())
+
+
+def test_catch_up_writes_what_a_stopped_sink_left_pending(job, platform_redis_url):
+    sink = Sink.objects.create(job=job, kind=SinkKind.TENSORBOARD, state=SinkState.FAILING,
+                               last_error="ConnectionError: gone")
+    publish_run(job, platform_redis_url)
+    assert consumer.catch_up.apply(args=[sink.pk]).get() == SinkState.CLOSED
+    sink.refresh_from_db()
+    assert (sink.state, sink.last_seq, sink.last_error) == (SinkState.CLOSED, 9, "")
