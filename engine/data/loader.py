@@ -25,6 +25,7 @@ import torch
 
 from engine.data.blend import Blend
 from engine.data.catalog import open_sources
+from engine.data.permutation import Permutation
 from engine.data.span import MixSource, TensorSpan
 from engine.errors import DataError
 from engine.runtime.spec import JobSpec, share_errors
@@ -81,7 +82,7 @@ class TokenLoader:
         self.shares = self.even_shares()
         self.blend = Blend([s.weight for s in self.sources])
         self.position = 0
-        self._orders: dict[int, tuple[int, torch.Tensor]] = {}  # source -> (epoch, order)
+        self._orders: dict[int, tuple[int, Permutation]] = {}  # source -> (epoch, order)
 
     @property
     def names(self) -> list[str]:
@@ -139,11 +140,9 @@ class TokenLoader:
             return offset
         cached = self._orders.get(source)
         if cached is None or cached[0] != epoch:
-            # source 0's seeds are those of the single-dataset loader before mixtures
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + source * 7_919)
-            cached = self._orders[source] = (epoch, torch.randperm(self.windows[source],
-                                                                   generator=g))
-        return int(cached[1][offset])
+            seed = self.seed * 1_000_003 + epoch + source * 7_919
+            cached = self._orders[source] = (epoch, Permutation(self.windows[source], seed))
+        return cached[1](offset)
 
     def window(self, global_index: int) -> int:
         """The window (tokens window*seq_len .. +seq_len of its source) of a global index."""
