@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_checkpoints, restore
-from engine.checkpoint.layout import MANIFEST, step_dir_name
+from engine.checkpoint.layout import MANIFEST, abandon_newer, step_dir_name
 from engine.checkpoint.lookup import find
-from engine.checkpoint.replica import ReplicaRing, gather
+from engine.checkpoint.replica import ReplicaRing, gather, replicated
 from engine.checkpoint.store import Location, exists, location
 from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
 from engine.paro import ShardedDataParallel
@@ -92,6 +92,11 @@ class TrainCheckpoints:
                     f"resume: no good checkpoint in {', '.join(str(d) for d in sources)}"
                 )
             path = restored.checkpoint.path
+        memory = self.ckpt.memory_dir
+        if memory is not None and replicated(memory):
+            # snapshots past this step are of an abandoned timeline: never pieced together
+            # with a returning host's later (abandon_newer on every host, as forget_after)
+            abandon_newer(memory, self.state.step)
         self.emit(LogEvent(step=self.state.step, level="info",
                            message=f"resumed at step {self.state.step} from {path}"))
 
