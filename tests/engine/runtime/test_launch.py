@@ -1,5 +1,6 @@
 """How the launcher ends a run whose configuration cannot work: at once, with the engine's
-message naming the spec field, never through the restarts that a crash earns."""
+message naming the spec field, never through the restarts that a crash earns; and where a
+relaunch resumes from."""
 
 import shutil
 from pathlib import Path
