@@ -1,18 +1,24 @@
 """A lost host to the first step on the survivor, and the host's return to the job grown back
 (issue #21: each <= 30 s; no stored point lost or duplicated).
 
-    python -m bench.host_loss [--steps 90] [--checkpoint-every 10]
+    python -m bench.host_loss [--steps 90] [--checkpoint-every 30] [--memory-every 5]
 
 Starts the platform's parts on an emulated cluster of two worker hosts (bench.host_cluster:
 a network namespace per host, 1 Gbit/s links, a real `manage.py worker` in each) against
 DATABASE_URL (unset: a SQLite file of the benchmark's own) and a private redis-server, every
 beat and timeout at its default. Two trials of a tiny job on 2 hosts x 2 ranks with
 `min_hosts` 1: once the host without rank 0 is killed (its worker and its ranks, at once), once
-the lead (rank 0, the rendezvous endpoint, the supervisor). Each trial waits for a checkpoint
-written whole, kills the host, measures from the kill to the first step event trained on the
-survivor (the engine's own event time), starts the host's worker again and measures from the
-first checkpoint due after it registered to the first step trained on both hosts again, then
-checks the stored loss series holds every step once. Needs root. Prints one JSON document.
+the lead (rank 0, the rendezvous endpoint, the supervisor). Each trial waits for a disk
+checkpoint and a memory snapshot more than a memory interval after it, kills the host 3 steps
+after that snapshot, measures from the kill to the first step event trained on the survivor
+(the engine's own event time) and the steps trained again (the survivor holds the lost host's
+memory snapshot as a replica: at most `memory_every`, where a disk checkpoint would cost up to
+`checkpoint.every`), starts the host's worker again and measures from the first checkpoint due
+after it registered to the first step trained on both hosts again, then checks the stored loss
+series holds every step once. Then the same job twice side by side, replication on and off:
+`replica_overhead` is the ratio of their median step times less 1. The memory cost (replica
+bytes a rank holds) and the blocking seconds of each memory snapshot are reported too. Needs
+root. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,13 +40,15 @@ TARGET_S = 30.0
 START_S = 180.0
 
 
-def tiny_spec(name: str, hosts: int, steps: int, checkpoint_every: int, **parallel) -> dict:
+def tiny_spec(name: str, hosts: int, steps: int, checkpoint_every: int, memory_every: int = 0,
+              replicas: bool = True, **parallel) -> dict:
     """The tiny preset on 2 nodes x 2 ranks, observing training anomalies only."""
     return {"name": name, "model": {"preset": "tiny"},
             "parallel": {"nodes": 2, "procs_per_node": 2, "hosts": hosts, **parallel},
             "train": {"steps": steps, "micro_batch": 2, "seq_len": 64, "eval_every": 0,
                       "threads": 1, "trace_every": 0},
-            "checkpoint": {"every": checkpoint_every},
+            "checkpoint": {"every": checkpoint_every, "memory_every": memory_every,
+                           "replicas": replicas},
             "faults": {"policy": {"actions": {kind: ["observe"] for kind in TRAINING_ANOMALIES}}}}
 
 
@@ -82,24 +91,32 @@ def _first_step_after(job: Any, membership_after: float, grown: bool) -> tuple[A
     return wait_until(found, START_S, f"job {job.pk}: a step on {'2' if grown else '1'} host(s)")
 
 
-def trial(lost: str, made: Any, owner: Any, steps: int, every: int) -> dict[str, Any]:
-    from engine.checkpoint import find_latest_good
-    from jobs.launch import checkpoint_folder
+def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
+          memory_every: int) -> dict[str, Any]:
     from jobs.models import Job, State
     from monitor.models import MetricPoint
 
     name = f"host-loss-{lost}"
     job = Job.objects.create(name=name, owner=owner,
-                             spec=tiny_spec(name, 2, steps, every, min_hosts=1))
+                             spec=tiny_spec(name, 2, steps, every, memory_every, min_hosts=1))
     submit(job.pk)
     wait_until(lambda: len(Job.objects.get(pk=job.pk).placement) == 2
                and Job.objects.get(pk=job.pk).state == State.RUNNING, START_S, "running")
-    wait_until(lambda: find_latest_good(checkpoint_folder(job))[0], START_S, "a checkpoint")
+    # the host goes 3 steps after a memory snapshot, a memory interval past the disk one
+    disk = wait_until(lambda: _events(job, "checkpoint", 0).filter(data__tier="disk").first(),
+                      START_S, "a disk checkpoint")
+    snapshot = wait_until(lambda: _events(job, "checkpoint", 0).filter(
+        data__tier="memory", step__gt=disk.step + memory_every).first(), START_S,
+        "a memory snapshot")
+    wait_until(lambda: _events(job, "step", 0).filter(step__gte=snapshot.step + 3).first(),
+               START_S, "3 steps after the memory snapshot")
     lead, other = (r.host.name for r in Job.objects.get(pk=job.pk).placement)
     victim = next(h for h in made.hosts if h.name == (lead if lost == "lead" else other))
-    lost_at_step = Job.objects.get(pk=job.pk).step
+    survivor = next(h for h in made.hosts if h is not victim)
+    held = _replica_bytes(job, survivor.name)
     made.kill(victim.index)
     killed = time.time()
+    lost_at_step = _events(job, "step", 0).filter(time__lt=killed).order_by("-step").first().step
     shrink, first = _first_step_after(job, killed, grown=False)
 
     made.start(victim.index)
@@ -115,6 +132,12 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int) -> dict[str,
         "state": Job.objects.get(pk=job.pk).state, "lost_at_step": lost_at_step,
         "host_loss_to_first_step_s": round(first.data["time"] - killed, 2),
         "resumed_at_step": first.step, "membership_after_loss": shrink.data,
+        "host_loss_steps_lost": lost_at_step - (first.step - 1),
+        "disk_checkpoint_step": disk.step, "memory_snapshot_step": snapshot.step,
+        "replica_bytes_per_rank": held,
+        "memory_snapshot_blocking_s": sorted(
+            e.data["blocking_s"] for e in _events(job, "checkpoint", 0)
+            .filter(data__tier="memory", time__lt=killed)),
         "host_return_to_scale_up_s": round(regrown.data["time"] - due.data["time"], 2),
         "grown_at_step": regrown.step, "membership_after_return": grow.data,
         "loss_timeline": _timeline(job, killed, first.data["time"]),
@@ -122,6 +145,40 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int) -> dict[str,
         "lost_or_duplicated_points": (len(set(range(1, steps + 1)) ^ set(stored))
                                       + len(stored) - len(set(stored))),
     }
+
+
+def _replica_bytes(job: Any, host: str) -> int:
+    """Bytes a rank of `host` holds for its peer's: half its host's memory tier (on two hosts
+    each holds every rank's part: its own, and the others' replicas) over its ranks."""
+    from engine.contract import memory_dir
+    from jobs.launch import checkpoint_folder
+
+    tier = memory_dir(checkpoint_folder(job), host)
+    parts = sum(f.stat().st_size for f in tier.glob("step-*/*.rank-*") if f.is_file())
+    return parts // 2 // 2
+
+
+def step_times(job: Any, skip: int = 5) -> list[float]:
+    return sorted(e.data["step_time"] for e in _events(job, "step", 0).filter(step__gt=skip))
+
+
+def replica_overhead(owner: Any, steps: int, memory_every: int) -> dict[str, Any]:
+    """The same job with replication on and off, side by side on the two hosts (each host
+    runs a rank pair of both): their median step times."""
+    from jobs.models import Job
+
+    jobs = {}
+    for replicas in (True, False):
+        name = f"replicas-{'on' if replicas else 'off'}"
+        jobs[replicas] = Job.objects.create(name=name, owner=owner, spec=tiny_spec(
+            name, 2, steps, 0, memory_every, replicas=replicas))
+        submit(jobs[replicas].pk)
+    for job in jobs.values():
+        wait_until(lambda job=job: Job.objects.get(pk=job.pk).is_terminal, 600,
+                   f"job {job.pk} finishes")
+    median = {on: statistics.median(step_times(job)) for on, job in jobs.items()}
+    return {"step_time_on_s": round(median[True], 4), "step_time_off_s": round(median[False], 4),
+            "states": [Job.objects.get(pk=job.pk).state for job in jobs.values()]}
 
 
 def _timeline(job: Any, start: float, end: float) -> list[tuple[float, str]]:
@@ -145,22 +202,33 @@ def _up_hosts() -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=90)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=30)
+    parser.add_argument("--memory-every", type=int, default=5)
     args = parser.parse_args()
-    with platform_on_hosts(2) as (made, owner):
-        trials = [trial(lost, made, owner, args.steps, args.checkpoint_every)
+    with platform_on_hosts(2, WORKER_SLOTS="4") as (made, owner):
+        trials = [trial(lost, made, owner, args.steps, args.checkpoint_every, args.memory_every)
                   for lost in ("other", "lead")]
+        overhead = replica_overhead(owner, args.steps, args.memory_every)
     from django.conf import settings
     from django.db import connection
 
     worst_loss = max(t["host_loss_to_first_step_s"] for t in trials)
     worst_return = max(t["host_return_to_scale_up_s"] for t in trials)
+    blocking = [s for t in trials for s in t["memory_snapshot_blocking_s"]]
     print(json.dumps({
         "what": "a worker host killed (worker and ranks) to the first step on the survivor; "
                 "the host back to the first step on both hosts, from the checkpoint due after "
                 "it registered",
         "trials": trials,
+        "replica_overhead": overhead,
         "ratios": {"host_loss_to_first_step_s": worst_loss,
+                   "host_loss_steps_lost": max(t["host_loss_steps_lost"] for t in trials),
+                   "memory_every": args.memory_every,
+                   "replica_overhead": round(
+                       overhead["step_time_on_s"] / overhead["step_time_off_s"] - 1, 3),
+                   "replica_bytes_per_rank": max(t["replica_bytes_per_rank"] for t in trials),
+                   "memory_snapshot_blocking_s_median": round(statistics.median(blocking), 4),
+                   "memory_snapshot_blocking_s_max": round(max(blocking), 4),
                    "host_return_to_scale_up_s": worst_return,
                    "lost_or_duplicated_points": sum(t["lost_or_duplicated_points"]
                                                     for t in trials),

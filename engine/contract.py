@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import os
 import re
 import tempfile
 import types
@@ -509,11 +510,15 @@ def checkpoint_dir(configured: str, run_dir: Path) -> Path | str:
     return configured if is_url(configured) else Path(configured.removeprefix("file://"))
 
 
-def memory_dir(directory: str | Path) -> Path:
+def memory_dir(directory: str | Path, host: str | None = None) -> Path:
     """The memory-tier folder of a checkpoint directory: the same on every restart. It is
-    always local (RAM on this host), also for a URL, whose folder is keyed by the URL."""
+    always local (RAM on this host), also for a URL, whose folder is keyed by the URL, and
+    by the worker host's name where one is set (`host`, by default RINGSIDE_HOST_NAME): hosts
+    emulated on one machine share its /dev/shm, yet each must hold only its own memory tier."""
     text = str(directory)
     key = hashlib.sha1((text if is_url(text) else str(Path(text).resolve())).encode())
+    if host := host or os.environ.get("RINGSIDE_HOST_NAME"):
+        key.update(f"@{host}".encode())
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     return root / f"ringside-ckpt-{key.hexdigest()[:16]}"
 

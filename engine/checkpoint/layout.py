@@ -211,14 +211,18 @@ def apply_retention(directory: str | os.PathLike[str] | Url, keep: int, newest_s
     """Keep the `keep` newest good checkpoints plus pinned ones; drop leftovers of failed saves.
 
     Only folders older than `newest_step` (the one just committed) are candidates, so saves
-    still in flight for later steps are never touched.
+    still in flight for later steps are never touched; a folder without its manifest goes only
+    once it is older than every kept checkpoint, as an older save may still be completing
+    (a memory tier's replicated parts arrive from another host, engine.checkpoint.replica).
     """
     infos = [i for i in list_checkpoints(directory) if i.step <= newest_step]
     good = [i for i in infos if i.good]
-    kept = {i.path for i in good[-keep:]} if keep > 0 else set()
+    kept = good[-keep:] if keep > 0 else []
+    oldest_kept = kept[0].step if kept else newest_step + 1
     for info in infos:
-        if info.path not in kept and not info.pinned:
-            remove(info.path)
+        if info in kept or info.pinned or (not info.good and info.step > oldest_kept):
+            continue
+        remove(info.path)
 
 
 def abandon_newer(directory: str | os.PathLike[str] | Url, step: int) -> list[int]:

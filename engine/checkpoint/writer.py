@@ -136,6 +136,9 @@ class Checkpointer:
         self.run_id = run_id or _agree_on_run_id(world_size, group)
         self.saves = 0
         self.last_blocking_s = 0.0
+        # called on a persist thread with (step, save_id) once this rank's part of a save is
+        # in the memory tier (engine.checkpoint.replica sends it to another host from there)
+        self.on_memory_part: Callable[[int, str], None] | None = None
         self._free: list[Staging] = []
         self._allocated = 0
         self._buffers = threading.Condition()
@@ -410,6 +413,8 @@ class Checkpointer:
         store.sync_folder(step_dir)
         if _commit_if_complete(step_dir, job.save_id, self.world_size, self.rank):
             apply_retention(directory, keep, job.step)
+        if directory == self.memory_dir and self.on_memory_part is not None:
+            self.on_memory_part(job.step, job.save_id)
 
 
 class _Background(threading.Thread):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
-from engine.checkpoint import Checkpointer, CheckpointReader, inspect, restore
-from engine.checkpoint.layout import MANIFEST, step_dir_name
+from engine.checkpoint import Checkpointer, CheckpointReader, inspect, list_checkpoints, restore
+from engine.checkpoint.layout import MANIFEST, abandon_newer, step_dir_name
 from engine.checkpoint.lookup import find
+from engine.checkpoint.replica import ReplicaRing, gather, replicated
 from engine.checkpoint.store import Location, exists, location
 from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
 from engine.paro import ShardedDataParallel
@@ -20,12 +22,21 @@ from engine.xputimer import OpTimer
 
 
 class TrainCheckpoints:
-    """Every rank's; `ckpt` carries `state` as its "train" part, the shards come from `dp`."""
+    """Every rank's; `ckpt` carries `state` as its "train" part, the shards come from `dp`.
+    On several `hosts` (their ranks numbered host by host) with `replicas`, every memory
+    snapshot is also held by the next host (`engine.checkpoint.replica`)."""
 
     def __init__(self, ckpt: Checkpointer, dp: ShardedDataParallel, state: TrainState,
-                 timer: OpTimer, emit: Callable[[Event], None]):
+                 timer: OpTimer, emit: Callable[[Event], None], hosts: int = 1,
+                 replicas: bool = False):
         self.ckpt, self.dp, self.state, self.timer, self.emit = ckpt, dp, state, timer, emit
         state.settings.checkpointer = ckpt  # a `set` of checkpoint.* changes its schedule
+        self.ranks_per_host = ckpt.world_size // hosts
+        self.ring: ReplicaRing | None = None
+        if replicas and hosts > 1 and ckpt.memory_dir is not None:
+            self.ring = ReplicaRing(ckpt.memory_dir, ckpt.rank, ckpt.world_size,
+                                    self.ranks_per_host, ckpt.memory_keep)
+            ckpt.on_memory_part = self.ring.send
 
     def save(self, to_disk: bool = True) -> Location:
         shards = self.dp.sharded_state()
@@ -65,7 +76,7 @@ class TrainCheckpoints:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
         one checkpoint folder; local paths or URLs); corrupt ones are skipped, each with an
         anomaly event."""
-        sources = [location(s) for s in sources]
+        sources = self._whole_memory_checkpoint([location(s) for s in sources])
         if len(sources) == 1 and exists(sources[0] / MANIFEST):
             with CheckpointReader(inspect(sources[0])) as reader:
                 self.load(reader)
@@ -81,8 +92,27 @@ class TrainCheckpoints:
                     f"resume: no good checkpoint in {', '.join(str(d) for d in sources)}"
                 )
             path = restored.checkpoint.path
+        memory = self.ckpt.memory_dir
+        if memory is not None and replicated(memory):
+            # snapshots past this step are of an abandoned timeline: never pieced together
+            # with a returning host's later (abandon_newer on every host, as forget_after)
+            abandon_newer(memory, self.state.step)
         self.emit(LogEvent(step=self.state.step, level="info",
                            message=f"resumed at step {self.state.step} from {path}"))
+
+    def _whole_memory_checkpoint(self, sources: list[Location]) -> list[Location]:
+        """On several hosts each memory tier holds its own host's parts and its ring
+        predecessor's: where any rank resumes from its memory tier, the ranks make the newest
+        memory checkpoint newer than the disk's whole on every host and resume from it (or,
+        where there is none, from the other sources): the same choice on every rank."""
+        memory = self.ckpt.memory_dir
+        if self.ranks_per_host == self.ckpt.world_size or not _any_rank(memory in sources):
+            return sources
+        others = [s for s in sources if s != memory]
+        newest = [info.step for d in others for info in list_checkpoints(d) if info.good]
+        whole = gather(memory, self.ckpt.rank, self.ckpt.world_size, self.ranks_per_host,
+                       max(newest, default=-1))
+        return [whole] if whole is not None else others
 
     def rollback(self, step: int | None, name: str | None, skip_data: bool,
                  keep_settings: bool = True) -> dict:
@@ -119,3 +149,11 @@ class TrainCheckpoints:
         if drop_memory_tier:  # the memory tier is shared: no rank drops it while one writes
             self.persist()
         self.ckpt.close(drop_memory_tier=drop_memory_tier)
+        if self.ring is not None:
+            self.ring.close()
+
+
+def _any_rank(flag: bool) -> bool:
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

@@ -30,6 +30,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from engine.checkpoint import list_checkpoints
+from engine.checkpoint.replica import replicated
+from engine.checkpoint.store import location
 from engine.contract import (
     ActionBy,
     ActionEvent,
@@ -145,10 +147,14 @@ def on_hosts(spec: JobSpec, rdzv: Rendezvous) -> JobSpec:
 def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Path] | None:
     """Where this incarnation of the ranks continues from: the folder the user named, or
     after an automatic restart the run's own checkpoints (memory tier first), if any."""
+    directory = checkpoint_dir(spec.checkpoint.dir, target.run_dir)
+    tiers = checkpoint_tiers(directory)
     if target.resume_from is not None:
-        return [target.resume_from]
+        # the job relaunched on other hosts from its own folder (a lost host): its memory
+        # snapshots, replicated between the hosts, may be newer than its disk checkpoints
+        own = location(str(target.resume_from)) == location(str(directory))
+        return tiers if own and replicated(memory_dir(directory)) else [target.resume_from]
     if restarted or target.restarted:
-        tiers = checkpoint_tiers(checkpoint_dir(spec.checkpoint.dir, target.run_dir))
         if any(list_checkpoints(d) for d in tiers):
             return tiers
     return None

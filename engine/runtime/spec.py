@@ -123,6 +123,9 @@ class CheckpointSpec:
     every: int = 50  # optimizer steps between disk checkpoints; 0 = only at the end
     keep: int = 3
     memory_every: int = 0
+    # on several hosts, each host's memory snapshots are also held by the next host (a ring),
+    # so a lost host's shards survive in memory
+    replicas: bool = True
     dir: str = ""  # default: runs/<name>/checkpoints
 
 

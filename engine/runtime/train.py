@@ -87,8 +87,8 @@ class Trainer:
         )
         self.faults = FaultManager(policy, self.rank, hosts=p.hosts)
         self.state = TrainState(self.model, self.dp, self.loader, self.faults, spec)
-        self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state,
-                                            self.timer, self.emit)
+        self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state, self.timer,
+                                            self.emit, p.hosts, spec.checkpoint.replicas)
         self.telemetry = Telemetry(
             self.model, self.dp, self.timer, top_k=spec.model.num_experts_per_tok,
             world_size=self.world_size, device=self.device, run_dir=run_dir, emit=self.emit,

@@ -152,6 +152,8 @@ def test_checkpoint_folder_and_tiers(tmp_path):
     folder = tmp_path / "checkpoints"
     assert checkpoint_tiers(folder) == [memory_dir(folder), folder]
     assert memory_dir(folder) == memory_dir(str(folder) + "/")  # one folder, one tier
+    # hosts emulated on one machine share /dev/shm: each named host has a tier of its own
+    assert len({memory_dir(folder), memory_dir(folder, "h0"), memory_dir(folder, "h1")}) == 3
 
 
 def test_the_contract_imports_nothing_but_the_standard_library():

@@ -1,14 +1,17 @@
 """How the launcher ends a run whose configuration cannot work: at once, with the engine's
-message naming the spec field, never through the restarts that a crash earns."""
+message naming the spec field, never through the restarts that a crash earns; and where a
+relaunch resumes from."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from engine.contract import ExitCode, StateEvent, memory_dir
+from engine.checkpoint.replica import MARKER
+from engine.contract import ExitCode, StateEvent, checkpoint_tiers, memory_dir
 from engine.runtime.confine import SERVER_PATH
 from engine.runtime.events import read_events
-from engine.runtime.launch import RunTarget, launch
+from engine.runtime.launch import RunTarget, launch, resume_sources
 from engine.runtime.spec import parse_spec
 from tests.policies import OBSERVE_STRAGGLERS
 
@@ -92,3 +95,22 @@ def test_a_platform_runs_failure_shows_no_path_outside_its_visible_folders(tmp_p
     failed = read_events(target.events_path)[-1]
     assert failed["error"] == f"launcher: {SERVER_PATH} broke on {run}/spec.json"
     assert failed["traceback"] == f'File "{SERVER_PATH}", line 1'
+
+
+def test_a_relaunch_from_its_own_folder_looks_in_the_memory_tier_only_if_hosts_replicated_it(
+        tmp_path):
+    spec = parse_spec({"name": "relaunched", "model": {"preset": "tiny"}})
+    own = tmp_path / "checkpoints"
+    target = RunTarget(run_dir=tmp_path, events_path=tmp_path / "e.jsonl", job="j",
+                       resume_from=own)
+    memory = memory_dir(own)
+    try:
+        assert resume_sources(spec, target, restarted=False) == [own]  # one host: as before
+        memory.mkdir(parents=True)
+        (memory / MARKER).touch()  # a ring of hosts held its snapshots
+        assert resume_sources(spec, target, restarted=False) == checkpoint_tiers(own)
+        other = RunTarget(run_dir=tmp_path, events_path=tmp_path / "e.jsonl", job="j",
+                          resume_from=tmp_path / "another-run")
+        assert resume_sources(spec, other, restarted=False) == [tmp_path / "another-run"]
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)

@@ -8,6 +8,8 @@ run in `make bench` (`pytest -m bench`), not `make test`.
 - a lost host, the lead (rank 0's launcher, the rendezvous endpoint, the supervisor) or not,
   moves the job to the survivor from its newest checkpoint, every step stored once; the host
   coming back grows it back to two hosts at its next checkpoint;
+- a host lost after a memory snapshot costs only the steps since it: the survivor holds the
+  lost host's part as a replica and continues from it, not from the older disk checkpoint;
 - two jobs for one host's slots never share a slot, and run one after the other;
 - a job asking for more hosts than are up waits, with its reason, and runs once they register.
 """
@@ -15,12 +17,14 @@ run in `make bench` (`pytest -m bench`), not `make test`.
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 from django.db import transaction
 
 from bench.worker_loss import TRAINING_ANOMALIES
 from engine.checkpoint import find_latest_good
+from engine.contract import memory_dir
 from hosts.models import Host
 from jobs.dispatch import dispatch
 from jobs.launch import checkpoint_folder
@@ -143,6 +147,33 @@ def test_a_lost_host_moves_the_job_to_the_survivor_and_its_return_grows_it_back(
     assert (grow["hosts_before"], set(grow["hosts_after"]), grow["world_size"]) == (
         [survivor], {gone, survivor}, 4)
     assert Event.objects.filter(job=job, type="anomaly", data__kind="host_lost").count() == 1
+
+
+def test_a_lost_host_costs_the_steps_since_the_last_memory_snapshot_held_by_its_peer(
+        cluster_of, user, eventually):
+    cluster = cluster_of(2, slots=2)
+    steps = 30
+    data = spec("lose-memory", hosts=2, steps=steps, min_hosts=1, scale_up=False)
+    data["checkpoint"] = {"every": 12, "memory_every": 4}  # memory 4, 8, 16, 20; disk 12, 24
+    job = submit(user, data)
+
+    def after(step: int) -> bool:
+        return Event.objects.filter(job=job, type="step", step__gte=step).exists()
+    eventually(lambda: after(19), START_S, lambda: "step 19: " + diagnosis(job, cluster))
+    cluster.kill(1)  # 3 steps after the memory snapshot at 16 (or just after the one at 20)
+    # its RAM goes with a real host; an emulated one's memory tier stays in the shared /dev/shm
+    shutil.rmtree(memory_dir(checkpoint_folder(job), cluster.hosts[1].name))
+    eventually(lambda: placed_on(job) == [cluster.hosts[0].name] and after(steps), START_S,
+               lambda: "the job runs on the survivor: " + diagnosis(job, cluster))
+    finished(job, eventually, cluster, 90)
+
+    saves = Event.objects.filter(job=job, type="checkpoint").order_by("seq")
+    membership = Event.objects.get(job=job, type="membership")
+    newest = saves.filter(seq__lt=membership.seq).last().data
+    assert (newest["tier"], newest["step"] in (16, 20)) == ("memory", True)
+    resumed = Event.objects.filter(job=job, type="step", seq__gt=membership.seq).first()
+    assert resumed.step == newest["step"] + 1  # not 13, after the disk checkpoint at 12
+    assert [s for s, _ in losses(job)] == list(range(1, steps + 1))  # each step stored once
 
 
 def test_two_jobs_for_one_hosts_slots_never_share_one_and_run_one_after_the_other(
