@@ -29,6 +29,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from datasets.mix import record_use
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
@@ -230,6 +231,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
                                      platform=policy.to_dict(), resume_from=resume_from,
                                      priority=priority)
+            record_use(job)
             audit(what, actor(request), request_cause(request), job=job, **details)
             dispatch(job)
         return job

@@ -143,6 +143,7 @@ INSTALLED_APPS = [
     "jobs",
     "monitor",
     "hosts",
+    "datasets",
 ]
 
 MIDDLEWARE = [
