@@ -19,7 +19,13 @@ from rest_framework.response import Response
 
 from datasets import tasks
 from datasets.models import Dataset, DatasetState, visible_datasets
-from datasets.serializers import DatasetBody, DatasetSerializer, PrepareBody, SharedBody
+from datasets.serializers import (
+    DatasetBody,
+    DatasetSerializer,
+    PrepareBody,
+    SharedBody,
+    dotted,
+)
 from engine.contract import is_url
 from jobs.errors import BAD_BODY, DETAIL, UNAUTHENTICATED
 from jobs.permissions import request_cause
@@ -71,16 +77,17 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
 
     def create(self, request: Request) -> Response:
         body = DatasetBody(data=request.data, context={"request": request})
-        body.is_valid(raise_exception=True)
+        if not body.is_valid():
+            return Response(dotted(body.errors), status=status.HTTP_400_BAD_REQUEST)
         dataset = Dataset.objects.create(owner=request.user, **body.validated_data)
         audit("dataset.create", request.user.get_username(), request_cause(request),
               user=request.user, dataset=dataset.pk, name=dataset.name)
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, pk: str) -> Response:
+        dataset = self.get_object()
         if not request.user.is_staff:
             raise PermissionDenied("only staff share a dataset with everyone")
-        dataset = self.get_object()
         body = SharedBody(dataset, data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         body.save()

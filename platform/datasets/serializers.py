@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from datasets.models import Dataset
 from datasets.sources import KINDS, confined_sources, tokenizer_path
@@ -93,3 +94,19 @@ class SharedBody(serializers.ModelSerializer):
 
 class PrepareBody(serializers.Serializer):
     """Prepare (or resume preparing) the dataset on a worker; no fields."""
+
+
+def dotted(errors: Any, field: str = "") -> dict[str, list[str]]:
+    """DRF's nested errors (`{"sources": [{}, {"kind": [...]}]}`) by dotted field
+    (`sources.1.kind`), as the spec's errors are named; a nested object's own errors go to
+    the field that holds it."""
+    if isinstance(errors, dict):
+        found: dict[str, list[str]] = {}
+        for key, inner in errors.items():
+            own = key in ("non_field_errors", api_settings.NON_FIELD_ERRORS_KEY) and field
+            found.update(dotted(inner, field if own else f"{field}.{key}".lstrip(".")))
+        return found
+    if isinstance(errors, list) and errors and not all(isinstance(e, str) for e in errors):
+        return {k: v for i, inner in enumerate(errors)
+                for k, v in dotted(inner, f"{field}.{i}").items()}
+    return {field: [str(e) for e in errors]} if errors else {}
