@@ -18,6 +18,7 @@ from datasets.models import Dataset, DatasetState, split_counts, visible_dataset
 from engine.runtime.spec import JobSpec
 from jobs.models import Job
 
+UNRESOLVED = "<unresolved>"
 ENTRY = '{"dataset": ID or name, "weight": w}: one of your datasets or a shared one'
 
 
@@ -57,20 +58,29 @@ def resolve(data: dict[str, Any], user: Any, errors: dict[str, str]) -> None:
     vocab = []
     for i, entry in enumerate(mix):
         found = _entry(entry, user)
-        field = f"train.data.mix.{i}.dataset"
-        if isinstance(found, str):
-            errors[field] = found
-        elif found.state != DatasetState.READY:
-            errors[field] = f"dataset {found.name!r} is {found.state}: prepare it first"
-        elif any(e.get("name") == found.name for e in mix[:i] if isinstance(e, dict)):
-            errors[field] = f"dataset {found.name!r} is in the mix already"
+        error = _unusable(found, mix[:i])
+        weight = entry.get("weight", 1.0) if isinstance(entry, dict) else 1.0
+        if error is not None:
+            errors[f"train.data.mix.{i}.dataset"] = error
+            # the engine's parse then names only what else is wrong (a weight), not this
+            mix[i] = {"path": UNRESOLVED, "weight": weight}
         else:
-            mix[i] = {"path": found.folder, "weight": entry.get("weight", 1.0),
-                      "name": found.name}
+            mix[i] = {"path": found.folder, "weight": weight, "name": found.name}
             vocab.append(found.vocab_size)
     model = data.get("model")
     if vocab and isinstance(model, dict) and "vocab_size" not in model:
         model["vocab_size"] = max(vocab)
+
+
+def _unusable(found: Dataset | str, before: list[dict]) -> str | None:
+    """Why the dataset found for a mix entry cannot be trained on; None when it can."""
+    if isinstance(found, str):
+        return found
+    if found.state != DatasetState.READY:
+        return f"dataset {found.name!r} is {found.state}: prepare it first"
+    if any(e.get("name") == found.name for e in before):
+        return f"dataset {found.name!r} is in the mix already"
+    return None
 
 
 def _mixed(spec: JobSpec) -> list[tuple[int, Dataset]]:

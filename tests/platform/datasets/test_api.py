@@ -15,7 +15,7 @@ from datasets.models import Dataset, DatasetState
 from engine.runtime.confine import NO_MATCH, OUTSIDE
 from jobs.confinement import uploads_dir
 from jobs.models import Job, State
-from tests.platform.isolation.test_paths import outside_paths, upload  # noqa: F401
+from tests.platform.isolation.test_paths import upload
 from tests.platform.services import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db
