@@ -12,15 +12,17 @@ import json
 import sys
 from typing import Any
 
-from engine.data.prepare import prepare
+from engine.data.prepare import PrepareProgress, prepare
 from engine.data.sources import SourceSpec
-from engine.errors import SpecError
+from engine.errors import ConfigError
 
 
 def report(kind: str, value: Any) -> None:
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
     print(json.dumps({kind: value}), flush=True)
+
+
+def progress(p: PrepareProgress) -> None:
+    report("progress", {**dataclasses.asdict(p), "mb_per_s": p.mb_per_s, "eta_s": p.eta_s})
 
 
 def main() -> int:
@@ -30,9 +32,9 @@ def main() -> int:
     try:
         manifest = prepare(sources, order["tokenizer"], order["out"], holdout=order["holdout"],
                            roots=order["roots"], workers=order["workers"],
-                           progress=lambda p: report("progress", p))
-    except SpecError as e:
-        print("; ".join(f"{k}: {v}" for k, v in e.errors.items()), file=sys.stderr)
+                           progress=progress)
+    except ConfigError as e:  # a spec's or a data error: its message names what is wrong
+        print(str(e).replace("\n", " "), file=sys.stderr)
         return 1
     report("manifest", manifest)
     return 0

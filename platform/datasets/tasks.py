@@ -68,7 +68,8 @@ def prepare_dataset(dataset_id: int) -> str:
         stderr.seek(0)
         error = stderr.read().strip()
     if child.returncode == 0 and manifest is not None:
-        dataset.record(DatasetState.READY, manifest=manifest, prepared_at=timezone.now())
+        dataset.record(DatasetState.READY, manifest=manifest, progress=dataset.progress,
+                       prepared_at=timezone.now())
     else:
         message = error.splitlines()[-1:] or [f"the prepare exited with code {child.returncode}"]
         dataset.record(DatasetState.FAILED, error=scrub_paths(
@@ -83,7 +84,8 @@ def _follow(dataset: Dataset, child: subprocess.Popen) -> dict | None:
         report = json.loads(line)
         if "manifest" in report:
             return report["manifest"]
+        dataset.progress = report["progress"]  # the last is written with the outcome
         if time.monotonic() - written >= PROGRESS_EVERY_S:
-            dataset.record(progress=report["progress"])
+            dataset.record(progress=dataset.progress)
             written = time.monotonic()
     return None
