@@ -18,3 +18,8 @@ class SpecError(ConfigError):
     def __init__(self, errors: dict[str, str]):
         self.errors = dict(sorted(errors.items()))
         super().__init__("; ".join(f"{k}: {v}" for k, v in self.errors.items()))
+
+
+class DataError(ConfigError):
+    """A dataset could not be prepared or read; the message names the spec field at fault (or
+    the file, for a prepared dataset that is corrupt or incomplete)."""
