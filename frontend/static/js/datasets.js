@@ -6,6 +6,7 @@ import { duration, el, errorText, num, rows } from "./format.js";
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
+const count = (n) => (typeof n === "number" ? n.toLocaleString("en-US") : "–");
 let timer = null;
 
 function progressText(d) {
@@ -15,15 +16,15 @@ function progressText(d) {
   const share = p.bytes_total ? ` (${Math.round((100 * p.bytes_read) / p.bytes_total)}%)` : "";
   const pace = d.state === "preparing"
     ? ` · ${num(p.mb_per_s, 3)} MB/s · ETA ${p.eta_s === null ? "–" : duration(p.eta_s)}` : "";
-  return `${num(p.documents)} documents · ${num(p.tokens)} tokens${share}${pace}`;
+  return `${count(p.documents)} documents · ${count(p.tokens)} tokens${share}${pace}`;
 }
 
 function manifestText(d) {
   if (!d.manifest) return d.error ? `failed: ${d.error}` : "";
   const m = d.manifest, s = m.splits ?? {};
   return `vocabulary ${m.tokenizer?.vocab_size} (${m.tokenizer?.name ?? ""}, sha256 `
-    + `${String(m.tokenizer?.sha256 ?? "").slice(0, 12)}) · train ${num(s.train?.tokens)} tokens `
-    + `in ${num(s.train?.documents)} documents · held out ${num(s.heldout?.tokens)} tokens`;
+    + `${String(m.tokenizer?.sha256 ?? "").slice(0, 12)}) · train ${count(s.train?.tokens)} tokens `
+    + `in ${count(s.train?.documents)} documents · held out ${count(s.heldout?.tokens)} tokens`;
 }
 
 function sourcesText(d) {
