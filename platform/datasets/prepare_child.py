@@ -29,10 +29,11 @@ def main() -> int:
     order = json.load(sys.stdin)
     sources = [SourceSpec(kind=s["kind"], paths=s["paths"], field=s["field"])
                for s in order["sources"]]
+    shards = {"shard_bytes": order["shard_bytes"]} if order.get("shard_bytes") else {}
     try:
         manifest = prepare(sources, order["tokenizer"], order["out"], holdout=order["holdout"],
                            roots=order["roots"], workers=order["workers"],
-                           progress=progress)
+                           progress=progress, **shards)
     except ConfigError as e:  # a spec's or a data error: its message names what is wrong
         print(str(e).replace("\n", " "), file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ import time
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -48,7 +49,8 @@ def queue(dataset: Dataset) -> None:
 def _order(dataset: Dataset) -> dict:
     return {"sources": dataset.sources, "tokenizer": dataset.tokenizer,
             "out": dataset.folder, "holdout": dataset.holdout,
-            "roots": data_roots(dataset.owner), "workers": os.cpu_count() or 1}
+            "roots": data_roots(dataset.owner), "workers": os.cpu_count() or 1,
+            "shard_bytes": settings.DATASET_SHARD_BYTES}
 
 
 @shared_task(name=PREPARE)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import psutil
 import pytest
 from django.conf import settings
 
@@ -66,3 +67,38 @@ def test_a_prepare_that_cannot_read_its_source_fails_with_the_reason_and_is_queu
     eventually(lambda: Dataset.objects.get(pk=dataset["id"]).state == DatasetState.READY,
                60, lambda: f"not prepared; worker log: {celery_worker.log_path}")
     assert Dataset.objects.get(pk=dataset["id"]).error == ""
+
+
+def prepare_child() -> psutil.Process:
+    """The running prepare's own process (datasets.prepare_child), started by a pool process
+    of the session's worker."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if "datasets.prepare_child" in (proc.info["cmdline"] or []):
+            return proc
+    raise AssertionError("no prepare is running")
+
+
+def test_a_prepare_whose_worker_is_killed_mid_way_resumes_from_its_last_finished_shard(
+        api, user, celery_worker, eventually):
+    files, per_file = 120, 600  # 120 files of ~250 KB: 60 shards of the tests' 256 KiB
+    documents = files * per_file
+    folder = uploads_dir(user)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        (folder / f"web-{i:03d}.jsonl").write_text(corpus(per_file))
+    dataset = register(api)
+    api.post(f"/api/datasets/{dataset['id']}/prepare/")
+    shards = settings.RUNS_DIR / "datasets" / str(dataset["id"]) / "train"
+    # watched on disk, not through the throttled progress: a shard takes tens of ms here
+    eventually(lambda: len(list(shards.glob("*.idx"))) >= 2, 60,
+               lambda: f"no shard finished; worker log: {celery_worker.log_path}",
+               interval=0.01)
+    prepare_child().parent().kill()  # the worker's pool process: the task is handed back
+    eventually(lambda: Dataset.objects.get(pk=dataset["id"]).state != DatasetState.PREPARING,
+               120, lambda: f"not prepared again; worker log: {celery_worker.log_path}")
+    ready = Dataset.objects.get(pk=dataset["id"])
+    assert ready.state == DatasetState.READY, ready.error
+    assert ready.progress["bytes_resumed"] > 0  # the shards finished before the kill
+    splits = ready.manifest["splits"]
+    assert splits["train"]["documents"] + splits["heldout"]["documents"] == documents
+    assert len(splits["train"]["shards"]) == ready.progress["shards_total"] == 60
