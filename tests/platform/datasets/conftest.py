@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 from datasets.models import Dataset, DatasetState, prepared_folder
 from tests.platform.isolation.conftest import client_of
 from tests.platform.isolation.test_paths import outside_paths  # noqa: F401 (a fixture)
+from tests.platform.ringside.test_client import ringside, token  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
