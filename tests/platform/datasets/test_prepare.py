@@ -24,6 +24,15 @@ def corpus(documents: int) -> str:
                    for i in range(documents))
 
 
+def not_prepared(dataset_id: int, worker) -> str:
+    """What a wait for a prepare that did not end says: the row, and the worker's
+    processes with their states (a prepare child stuck, or none started)."""
+    processes = [(p.pid, p.cmdline()[-2:], p.status())
+                 for p in psutil.Process(worker.pid).children(recursive=True)]
+    return (f"not prepared: {list(Dataset.objects.filter(pk=dataset_id).values())}; "
+            f"processes {processes}; worker log: {worker.log_path}")
+
+
 def register(api, **fields) -> dict:
     answer = api.post("/api/datasets/", {"name": "web", "holdout": 0.05, "sources": [
         {"kind": "jsonl", "paths": ["*.jsonl"], "field": "text"}], **fields}, format="json")
@@ -39,7 +48,7 @@ def test_a_dataset_is_prepared_on_a_worker_into_the_platforms_storage(
     assert answer.status_code == 202 and answer.json()["state"] == DatasetState.PREPARING
     assert api.post(f"/api/datasets/{dataset['id']}/prepare/").status_code == 409
     eventually(lambda: Dataset.objects.get(pk=dataset["id"]).state != DatasetState.PREPARING,
-               60, lambda: f"not prepared; worker log: {celery_worker.log_path}")
+               60, lambda: not_prepared(dataset["id"], celery_worker))
     ready = api.get(f"/api/datasets/{dataset['id']}/").json()
     assert ready["state"] == DatasetState.READY, ready["error"]
     splits = ready["manifest"]["splits"]
@@ -59,13 +68,13 @@ def test_a_prepare_that_cannot_read_its_source_fails_with_the_reason_and_is_queu
     os.unlink(uploads_dir(user) / "web.jsonl")
     api.post(f"/api/datasets/{dataset['id']}/prepare/")
     eventually(lambda: Dataset.objects.get(pk=dataset["id"]).state == DatasetState.FAILED,
-               60, lambda: f"did not fail; worker log: {celery_worker.log_path}")
+               60, lambda: not_prepared(dataset["id"], celery_worker))
     failed = Dataset.objects.get(pk=dataset["id"])
     assert failed.error == "sources.0: no file under your data roots matches it"
     upload(api, "web.jsonl", corpus(50))
     assert api.post(f"/api/datasets/{dataset['id']}/prepare/").status_code == 202
     eventually(lambda: Dataset.objects.get(pk=dataset["id"]).state == DatasetState.READY,
-               60, lambda: f"not prepared; worker log: {celery_worker.log_path}")
+               60, lambda: not_prepared(dataset["id"], celery_worker))
     assert Dataset.objects.get(pk=dataset["id"]).error == ""
 
 
