@@ -119,7 +119,7 @@ function perSourceLayout(xaxis, type) {
   return {
     xaxis: { ...xaxis, anchor: "y2" },
     yaxis: { domain: [0.45, 1], title: { text: "loss" }, type },
-    yaxis2: { domain: [0, 0.35], title: { text: "share" }, tickformat: ".0%", rangemode: "tozero" },
+    yaxis2: { domain: [0, 0.35], title: { text: "share" }, tickformat: ".0%", range: [0, 1.05] },
     showlegend: true,
   };
 }
