@@ -6,6 +6,8 @@
   registered host has a device that holds it in any strategy, 400 on the model fields the
   spec gave, with the smallest need and the largest device. With no host registered at all
   nothing is refused (the job waits for hosts, as any job does);
+- its datasets (`train.data.mix`): each must hold one step's batch and, when the job evaluates,
+  one evaluation batch held out, in a vocabulary the model holds (400 naming the field);
 - the user's job quota (jobs.models.Quota): jobs queued or running at once; at the limit, 429
   naming it.
 
@@ -23,6 +25,7 @@ from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+from datasets import mix
 from engine.horing.topology import Topology
 from engine.moe.config import PRESETS, MoEConfig
 from engine.paro.planner import DEFAULT_LINKS, plan, ranks_per_device
@@ -71,6 +74,7 @@ def admit(user: Any, spec: dict, priority: int = 0) -> None:
     refusal = memory_refusal(parsed)
     if refusal is not None:
         errors.update(dict.fromkeys(size_fields(parsed), refusal))
+    errors.update(mix.spec_errors(parsed))
     if errors:
         raise NotAdmitted(errors)
     limit = Quota.limits_of(user).jobs

@@ -29,6 +29,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from datasets.mix import record_use
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
@@ -244,6 +245,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                      platform=policy.to_dict(), resume_from=resume_from,
                                      priority=priority)
             sink_options.attach(job, sinks)
+            record_use(job)
             audit(what, actor(request), request_cause(request), job=job, **details)
             dispatch(job)
         return job

@@ -6,7 +6,8 @@ globs, the tokenizer and a `model.init_from` folder must lie under the user's da
 uploads folder and the operator's RINGSIDE_DATA_ROOTS), by real path; a relative path is taken
 in the uploads folder. `model.init_from` may also name a checkpoint the user may read, as
 `{"job": ID, "checkpoint": ID}` (or by the path the platform stored for it, as a clone
-carries it). The stored spec holds the resolved paths, and the engine, given the same roots
+carries it). `train.data.mix` names datasets, resolved to their prepared folders
+(datasets.mix). The stored spec holds the resolved paths, and the engine, given the same roots
 (`data.roots`), checks them again when it opens them (engine.runtime.confine).
 """
 
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import serializers
 
+from datasets import mix
 from engine.contract import is_url
 from engine.errors import SpecError
 from engine.runtime.confine import OUTSIDE, expand, glob_base, is_under
@@ -59,6 +61,7 @@ def confine(data: Any, user: AbstractBaseUser, errors: dict[str, str]) -> Any:
     dataset = train.get("dataset") if isinstance(train, dict) else None
     if isinstance(dataset, dict):
         _confine_dataset(dataset, user, errors)
+    mix.resolve(data, user, errors)
     model = data.get("model")
     if isinstance(model, dict) and model.get("init_from"):
         model["init_from"] = _init_from(model["init_from"], user, errors)
@@ -68,49 +71,50 @@ def confine(data: Any, user: AbstractBaseUser, errors: dict[str, str]) -> Any:
 def _confine_dataset(dataset: dict, user: AbstractBaseUser, errors: dict[str, str]) -> None:
     paths = dataset.get("paths")
     if isinstance(paths, list):
-        dataset["paths"] = [_pattern(p, user, f"train.dataset.paths.{i}", errors)
+        dataset["paths"] = [resolved_pattern(p, user, f"train.dataset.paths.{i}", errors)
                             if isinstance(p, str) else p for i, p in enumerate(paths)]
     tokenizer = dataset.get("tokenizer")
     if isinstance(tokenizer, str) and tokenizer != "bytes":
         field = "train.dataset.tokenizer"
-        dataset["tokenizer"] = _resolved(tokenizer, user, field, errors)
+        dataset["tokenizer"] = resolved(tokenizer, user, field, errors)
         if field not in errors and not Path(dataset["tokenizer"]).is_file():
             errors[field] = "no such file under your data roots"
 
 
-def _in_uploads(path: str, user: AbstractBaseUser) -> str:
+def in_uploads(path: str, user: AbstractBaseUser) -> str:
     """`path` as the user means it: a relative one is in their uploads folder."""
     return path if is_url(path) or os.path.isabs(path) else str(uploads_dir(user) / path)
 
 
-def _resolved(path: str, user: AbstractBaseUser, field: str, errors: dict[str, str]) -> str:
+def resolved(path: str, user: AbstractBaseUser, field: str, errors: dict[str, str]) -> str:
     """`path`'s real path (a URL as it is), or `path` with an error if outside the roots:
     the same error whether or not anything is there."""
-    path = _in_uploads(path, user)
+    path = in_uploads(path, user)
     if not is_under(path, data_roots(user)):
         errors[field] = OUTSIDE
         return path
     return path if is_url(path) else os.path.realpath(path)
 
 
-def _pattern(pattern: str, user: AbstractBaseUser, field: str, errors: dict[str, str]) -> str:
+def resolved_pattern(pattern: str, user: AbstractBaseUser, field: str,
+                     errors: dict[str, str]) -> str:
     """A dataset glob with its literal folder resolved; an error unless it starts inside the
     roots and matches files there, and only there."""
-    pattern = _in_uploads(pattern, user)
+    pattern = in_uploads(pattern, user)
     if is_url(pattern):
         errors[field] = "the engine reads datasets from files, not object-store URLs"
         return pattern
     base = glob_base(pattern)
-    real_base = _resolved(base, user, field, errors)
+    real_base = resolved(base, user, field, errors)
     if field in errors:
         return pattern
     rest = os.path.relpath(pattern, base)
-    resolved = real_base if rest == "." else os.path.join(real_base, rest)
+    real = real_base if rest == "." else os.path.join(real_base, rest)
     try:
-        expand(resolved, data_roots(user), field)
+        expand(real, data_roots(user), field)
     except SpecError as e:
         errors.update(e.errors)
-    return resolved
+    return real
 
 
 def _init_from(value: Any, user: AbstractBaseUser, errors: dict[str, str]) -> Any:
@@ -126,7 +130,7 @@ def _init_from(value: Any, user: AbstractBaseUser, errors: dict[str, str]) -> An
         return _checkpoint_path(user, value["job"], value["checkpoint"], errors)
     if not isinstance(value, str) or readable_checkpoint(user, value):
         return value
-    return _resolved(value, user, field, errors)
+    return resolved(value, user, field, errors)
 
 
 def _checkpoint_path(user: AbstractBaseUser, job_id: int, checkpoint_id: int,
@@ -155,8 +159,9 @@ def readable_checkpoint(user: AbstractBaseUser, path: str) -> bool:
 
 
 def engine_roots(job: Job) -> list[str]:
-    """What the engine may read for `job` (`data.roots`): its owner's data roots, and the
-    checkpoint its `model.init_from` names, if its owner may still read it."""
+    """What the engine may read for `job` (`data.roots`): its owner's data roots, the
+    checkpoint its `model.init_from` names and the prepared folders of its datasets, if its
+    owner may still read them."""
     init_from = job.spec.get("model", {}).get("init_from", "")
     extra = [init_from] if init_from and readable_checkpoint(job.owner, init_from) else []
-    return [*data_roots(job.owner), *extra]
+    return [*data_roots(job.owner), *extra, *mix.folders(job)]

@@ -136,11 +136,17 @@ def _before_exec(share: HostShare) -> Callable[[], None]:
     cores = {slot % (os.cpu_count() or 1) for slot in share.slots} if not share.gpus else set()
 
     def prepare() -> None:
-        if sys.platform == "linux":
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-            if cores:
-                os.sched_setaffinity(0, cores)
+        die_with_parent()
+        if sys.platform == "linux" and cores:
+            os.sched_setaffinity(0, cores)
     return prepare
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM it when the process that started it dies (Linux), so
+    a lost worker leaves nothing of its work running unobserved."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:

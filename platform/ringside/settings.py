@@ -13,6 +13,8 @@ RINGSIDE_DATA_ROOTS   comma-separated folders (or object-store prefixes) every u
               uploads (default: the built-in corpus, the Python standard library's source)
 RINGSIDE_UPLOADS_DIR  where uploaded files go, a folder per user (default var/uploads)
 RINGSIDE_UPLOAD_MAX_BYTES  the largest file a user may upload (default 256 MiB)
+RINGSIDE_DATASET_SHARD_BYTES  source bytes per token shard of a dataset (default: the engine's,
+              256 MiB); a killed prepare resumes from its last finished shard
 RINGSIDE_ALLOWED_HOSTS    host names the server answers to, comma list (default: localhost,
                           127.0.0.1, [::1]); add the name clients use when serving others
 RINGSIDE_TRUSTED_PROXIES  your proxies' addresses or CIDRs, comma list: only a request from
@@ -62,6 +64,9 @@ STORAGE_URL = os.environ.get("RINGSIDE_STORAGE_URL", "").rstrip("/")
 DATA_ROOTS = _items(os.environ.get("RINGSIDE_DATA_ROOTS", sysconfig.get_paths()["stdlib"]))
 UPLOADS_DIR = Path(os.environ.get("RINGSIDE_UPLOADS_DIR", VAR_DIR / "uploads")).resolve()
 UPLOAD_MAX_BYTES = int(os.environ.get("RINGSIDE_UPLOAD_MAX_BYTES", str(256 << 20)))
+# source bytes per token shard of a dataset's prepare (datasets.tasks); 0: the engine's default.
+# A prepare resumes at shard granularity.
+DATASET_SHARD_BYTES = int(os.environ.get("RINGSIDE_DATASET_SHARD_BYTES", "0"))
 
 
 def _owner_only(*paths: Path) -> None:
@@ -144,6 +149,7 @@ INSTALLED_APPS = [
     "monitor",
     "monitor.sinks",
     "hosts",
+    "datasets",
 ]
 
 MIDDLEWARE = [

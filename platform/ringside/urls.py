@@ -4,6 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from datasets.api import DatasetViewSet
+from datasets.views import datasets_page
 from hosts.api import HostViewSet
 from hosts.views import hosts_page
 from jobs import views
@@ -27,6 +29,7 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("webhooks", WebhookViewSet, basename="webhook")
 router.register("hosts", HostViewSet, basename="host")
+router.register("datasets", DatasetViewSet, basename="dataset")
 
 urlpatterns = [
     path("", views.job_list, name="home"),
@@ -34,6 +37,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job-page"),
     path("compare/", views.compare, name="compare"),
     path("hosts/", hosts_page, name="hosts"),
+    path("datasets/", datasets_page, name="datasets"),
     path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -132,6 +132,9 @@ def service_env(_platform_settings, django_db_setup, django_db_blocker) -> dict[
         CELERY_QUEUE=_platform_settings["queue"],
         WORKER_CONCURRENCY="2",
         JOB_CANCEL_GRACE_S="3",
+        # a dataset's prepare in shards of 256 KiB: a test's corpus of a few MB has several,
+        # and a prepare killed between them resumes (tests/platform/datasets)
+        RINGSIDE_DATASET_SHARD_BYTES=str(256 << 10),
         LOG_LEVEL="WARNING",
     )
 

@@ -6,7 +6,7 @@
 // endpoint, so a 100,000-step run is drawn from a few thousand downsampled points and a
 // one-step spike still shows in the envelope.
 import { api } from "./api.js";
-import { CONFIG, rankColor, waitingLayout } from "./chartkit.js";
+import { CONFIG, colorOf, rankColor, waitingLayout } from "./chartkit.js";
 import { X_TITLES, bindPrefs, ema } from "./chartprefs.js";
 import { bytes, num } from "./format.js";
 import { Throttled } from "./throttle.js";
@@ -40,8 +40,12 @@ export const CHARTS = {
   lr: { title: "Learning rate", names: ["lr"], color: "#0891b2" },
   memory: { title: "Memory (largest rank)", names: [], prefix: "memory.", color: "#9333ea", bytes: true },
   system: { title: "System (per rank)", names: [], prefix: "system.", perRank: true, height: 360 },
+  // drawn only for a job that trains on sources (train.data.mix); its card is hidden otherwise
+  sources: { title: "Per source: loss and share of tokens seen", names: [], height: 400,
+             prefix: ["source_loss.", "eval_source_loss.", "source_tokens."], perSource: true },
 };
-const PREFIXES = Object.values(CHARTS).map((c) => c.prefix).filter(Boolean);
+const prefixesOf = (chart) => [chart.prefix ?? []].flat();
+const PREFIXES = Object.values(CHARTS).flatMap(prefixesOf);
 // the series the x-axis options are computed from (chartprefs.js), fetched with the charts'
 const AXIS_NAMES = ["tokens", "step_time"];
 // The system chart's two rows (CPU above, memory below); a rank keeps its colour in both, the
@@ -110,6 +114,16 @@ function perRankLayout(xaxis, type) {
   };
 }
 
+// The per-source chart's axes: loss above, share of tokens below, one step axis below both.
+function perSourceLayout(xaxis, type) {
+  return {
+    xaxis: { ...xaxis, anchor: "y2" },
+    yaxis: { domain: [0.45, 1], title: { text: "loss" }, type },
+    yaxis2: { domain: [0, 0.35], title: { text: "share" }, tickformat: ".0%", range: [0, 1.05] },
+    showlegend: true,
+  };
+}
+
 export class MetricCharts {
   // `markers()` returns {anomalies, actions, checkpoints} (arrays of events);
   // `onPickCheckpoint(checkpoint)` runs when a checkpoint marker is clicked.
@@ -149,7 +163,8 @@ export class MetricCharts {
   namesOf(id) {
     const chart = CHARTS[id];
     if (!chart.prefix) return chart.names;
-    return Object.keys(this.series).filter((n) => n.startsWith(chart.prefix)).sort();
+    return Object.keys(this.series).filter((n) => prefixesOf(chart).some((p) => n.startsWith(p)))
+      .sort();
   }
 
   allNames() {
@@ -176,8 +191,11 @@ export class MetricCharts {
     const chart = CHARTS[id];
     const target = `chart-${id}`;
     const names = this.namesOf(id);
-    if (!names.some((n) => this.series[n]?.step.length)) { this.drawWaiting(id); return; }
-    const traces = chart.perRank ? this.perRankTraces(names) : this.seriesTraces(chart, names);
+    const drawn = names.some((n) => this.series[n]?.step.length);
+    if (chart.perSource) document.getElementById("sources-card").hidden = !drawn;
+    if (!drawn) { if (!chart.perSource) this.drawWaiting(id); return; }
+    const traces = chart.perRank ? this.perRankTraces(names)
+      : chart.perSource ? this.sourceTraces(names) : this.seriesTraces(chart, names);
     const xaxis = { title: { text: X_TITLES[this.prefs.x] },
                     range: this.window ? this.xOf(this.window) : undefined, autorange: !this.window };
     const type = this.prefs.log ? "log" : "linear";
@@ -190,6 +208,7 @@ export class MetricCharts {
       legend: { orientation: "h", y: -0.25 },
       showlegend: names.length > 1 || Boolean(chart.markers),
       ...(chart.perRank ? perRankLayout(xaxis, type) : {}),
+      ...(chart.perSource ? perSourceLayout(xaxis, type) : {}),
       uirevision: "keep",
       // the series arrays grow in place: a new revision tells Plotly.react to redraw them
       datarevision: (this.revision = (this.revision ?? 0) + 1),
@@ -235,6 +254,32 @@ export class MetricCharts {
       }
     }
     return traces;
+  }
+
+  // Each source's training loss (and held-out loss, dotted) above, its share of the tokens
+  // seen so far below (its cumulative tokens over all sources' at the same step).
+  sourceTraces(names) {
+    const of = (prefix) => names.filter((n) => n.startsWith(prefix))
+      .map((n) => [n.slice(prefix.length), this.series[n]]);
+    const totals = new Map();
+    for (const [, s] of of("source_tokens.")) {
+      s.step.forEach((step, i) => totals.set(step, (totals.get(step) ?? 0) + (s.value[i] ?? 0)));
+    }
+    const line = (source, s, y, extra) => ({
+      x: this.xOf(s.step), y, mode: "lines", name: source, legendgroup: source,
+      line: { color: colorOf(source), width: 1.6 }, ...extra });
+    return [
+      ...of("source_loss.").map(([source, s]) => line(source, s, s.value, {
+        hovertemplate: `${source} loss: %{y:.4f}<extra></extra>` })),
+      ...of("eval_source_loss.").map(([source, s]) => line(source, s, s.value, {
+        mode: "lines+markers", marker: { size: 5 }, showlegend: false,
+        line: { color: colorOf(source), width: 1.2, dash: "dot" },
+        hovertemplate: `${source} held-out loss: %{y:.4f}<extra></extra>` })),
+      ...of("source_tokens.").map(([source, s]) => line(source, s,
+        s.value.map((v, i) => (totals.get(s.step[i]) ? (v ?? 0) / totals.get(s.step[i]) : null)), {
+          yaxis: "y2", showlegend: false,
+          hovertemplate: `${source} share: %{y:.1%}<extra></extra>` })),
+    ];
   }
 
   markerTraces() {

@@ -210,6 +210,30 @@ class Client:
     def files(self) -> list[dict[str, Any]]:
         return self._get("/api/files/")
 
+    def datasets(self) -> list[dict[str, Any]]:
+        """Yours and the shared ones, newest first."""
+        return self._all("/api/datasets/")
+
+    def dataset_id(self, ref: str) -> int:
+        """The id of the dataset `ref` names: an id, or a name (yours before a shared one)."""
+        if ref.isdigit():
+            return int(ref)
+        named = [d for d in self.datasets() if d["name"] == ref]
+        if not named:
+            raise ApiError(404, {"detail": f"no dataset named {ref!r} of yours or shared"})
+        return min(named, key=lambda d: d["shared"])["id"]
+
+    def dataset(self, dataset_id: int) -> dict[str, Any]:
+        return self._get(f"/api/datasets/{dataset_id}/")
+
+    def add_dataset(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Register a dataset: `name`, `sources` ([{kind, paths, field}]), `tokenizer`,
+        `holdout`."""
+        return self._post("/api/datasets/", body)
+
+    def prepare_dataset(self, dataset_id: int) -> dict[str, Any]:
+        return self._post(f"/api/datasets/{dataset_id}/prepare/")
+
     # -- the websocket -----------------------------------------------------------------------
 
     def watch(self, job_id: int, after: int | None = None) -> Iterator[dict[str, Any]]:

@@ -37,6 +37,9 @@ files = typer.Typer(help="Your uploaded files: datasets and tokenizers your jobs
                     no_args_is_help=True)
 app.add_typer(checkpoints, name="checkpoints")
 app.add_typer(files, name="files")
+datasets = typer.Typer(help="Your datasets: register, prepare once, train on by name.",
+                       no_args_is_help=True)
+app.add_typer(datasets, name="datasets")
 
 JobId = Annotated[int, typer.Argument(help="the job's id")]
 FollowOption = Annotated[bool, typer.Option(
@@ -327,6 +330,63 @@ def list_files(ctx: typer.Context) -> None:
     s = session(ctx)
     with s.client() as client:
         s.show(client.files(), render.files)
+
+
+DatasetRef = Annotated[str, typer.Argument(help="the dataset's id or name")]
+PREPARE_POLL_S = 1.0
+
+
+@datasets.command("add")
+def add_dataset(
+        ctx: typer.Context,
+        name: Annotated[str, typer.Argument(help="its name (what train.data.mix names)")],
+        paths: Annotated[list[str], typer.Argument(help="files or globs under your data roots "
+                                                   "(relative: in your uploads)")],
+        kind: Annotated[str, typer.Option(help="text, jsonl or parquet")] = "text",
+        field: Annotated[str, typer.Option(help="the JSONL field or Parquet column")] = "text",
+        tokenizer: Annotated[str, typer.Option(help="bytes, a tokenizer.json or a Hugging "
+                                               "Face tokenizer folder")] = "bytes",
+        holdout: Annotated[float, typer.Option(help="fraction of documents held out")] = 0.01,
+) -> None:
+    """Register a dataset (nothing is read until `prepare`)."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.add_dataset({"name": name, "tokenizer": tokenizer, "holdout": holdout,
+                                   "sources": [{"kind": kind, "paths": paths,
+                                                "field": field}]}), render.dataset)
+
+
+@datasets.command("prepare")
+def prepare_dataset(ctx: typer.Context, ref: DatasetRef, follow: FollowOption = False) -> None:
+    """Tokenise it on a worker (a failed or interrupted prepare resumes); with --follow,
+    show its progress until it is ready (exit 0) or failed (exit 1)."""
+    s = session(ctx)
+    with s.client() as client:
+        dataset = client.prepare_dataset(client.dataset_id(ref))
+        while follow and dataset["state"] == "preparing":
+            if not s.json:
+                s.console.print(render.progress(dataset) or "queued", highlight=False)
+            time.sleep(PREPARE_POLL_S)
+            dataset = client.dataset(dataset["id"])
+        s.show(dataset, render.dataset)
+    if follow and dataset["state"] != "ready":
+        raise typer.Exit(ExitCode.FAILED)
+
+
+@datasets.command("list")
+def list_datasets(ctx: typer.Context) -> None:
+    """Your datasets and the shared ones."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.datasets(), render.datasets)
+
+
+@datasets.command("show")
+def show_dataset(ctx: typer.Context, ref: DatasetRef) -> None:
+    """A dataset: its sources, state, progress and manifest."""
+    s = session(ctx)
+    with s.client() as client:
+        s.show(client.dataset(client.dataset_id(ref)), render.dataset)
 
 
 @app.command()

@@ -95,6 +95,46 @@ def files(console: Console, rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
+def datasets(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = _table("id", "name", "owner", "state", "tokenizer", "train tokens", "progress")
+    for d in rows:
+        table.add_row(str(d["id"]), d["name"] + (" (shared)" if d["shared"] else ""),
+                      d["owner"], d["state"], d["tokenizer"].rsplit("/", 1)[-1],
+                      str((d["manifest"] or {}).get("splits", {}).get("train", {})
+                          .get("tokens", "")), progress(d))
+    console.print(table)
+
+
+def progress(d: dict[str, Any]) -> str:
+    """A dataset's prepare as one line: documents, tokens, MB/s, ETA."""
+    p = d.get("progress") or {}
+    if "documents" not in p:
+        return "queued" if d["state"] == "preparing" else ""
+    eta = p.get("eta_s")
+    pace = (f", {p.get('mb_per_s', 0):.1f} MB/s, ETA {'?' if eta is None else f'{eta:.0f}'} s"
+            if d["state"] == "preparing" else "")
+    return f"{p['documents']} documents, {p['tokens']} tokens{pace}"
+
+
+def dataset(console: Console, d: dict[str, Any]) -> None:
+    table = _table("field", "value", title=f"dataset {d['id']}: {d['name']}")
+    for key in ("owner", "state", "shared", "tokenizer", "holdout", "error", "prepared_at",
+                "in_use_by"):
+        table.add_row(key, str(d[key]))
+    for i, source in enumerate(d["sources"]):
+        table.add_row(f"source {i}", f"{source['kind']} [{source['field']}]: "
+                      + ", ".join(source["paths"]))
+    table.add_row("progress", progress(d))
+    manifest = d["manifest"] or {}
+    if manifest:
+        tokenizer = manifest["tokenizer"]
+        table.add_row("vocabulary", f"{tokenizer['vocab_size']} ({tokenizer.get('name', '')}, "
+                                    f"sha256 {tokenizer.get('sha256', '')[:12]})")
+        for split, counts in manifest["splits"].items():
+            table.add_row(split, f"{counts['tokens']} tokens, {counts['documents']} documents")
+    console.print(table)
+
+
 def fields(console: Console, answer: dict[str, Any]) -> None:
     """An answer whose shape this client does not know in advance: one row per field."""
     table = _table("field", "value")
