@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from django.conf import settings
 
 from engine.checkpoint.layout import find_latest_good
+from engine.ports import interface_of
 from engine.runtime import confine
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
@@ -116,16 +116,6 @@ def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subpro
         return subprocess.Popen(engine_command(job, spec_path, share), cwd=settings.REPO_ROOT,
                                 env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_before_exec(share))
-
-
-def interface_of(address: str) -> str:
-    """The network interface that holds `address` (the host's registered one): gloo binds the
-    ranks there, where the other hosts reach them, rather than where the host name resolves."""
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return name
-    raise RuntimeError(f"no network interface of this host has the address {address} it "
-                       "registered with (RINGSIDE_HOST_ADDRESS)")
 
 
 def _before_exec(share: HostShare) -> Callable[[], None]:

@@ -1,0 +1,77 @@
+"""The engine under Slurm: its rendezvous read from the allocation, and the time limit's warning.
+
+`srun` starts one launcher per allocated node (`python -m engine.train ... --rendezvous
+slurm`); each reads the allocation from Slurm's environment: the nodes (`SLURM_JOB_NODELIST`,
+Slurm's compressed list, expanded here as `scontrol show hostnames` does), how many
+(`SLURM_NNODES`), which one this is (`SLURM_NODEID`) and the job (`SLURM_JOB_ID`). The first
+node hosts the c10d store, at a port derived from the job id (every node computes the same
+one, and two jobs sharing a node seldom collide); a requeued job (`SLURM_RESTART_COUNT`)
+meets under a run id of its own.
+
+`--signal=USR1@<lead>` asks Slurm to warn the job that long before its time limit: the lead's
+launcher answers with a cold pause on the job's own control channel, so the ranks checkpoint
+at the next step boundary and stop (the platform resubmits from that checkpoint).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+from collections.abc import Callable, Mapping
+
+from engine.runtime.launch import Rendezvous
+
+PORT_BASE = 20000
+PORT_SPAN = 20000
+TIME_LIMIT_REASON = "the Slurm time limit is near"
+
+
+class SlurmEnvironmentError(ValueError):
+    """The launcher was asked for Slurm's rendezvous outside an allocation."""
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed host list as names, in order: `a[1-3,7],b-x[01-02]` ->
+    a1 a2 a3 a7 b-x01 b-x02 (ranges keep their zero padding)."""
+    names: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)(?:\[([^\]]*)\])?|(,)", text):
+        if plain or not prefix:
+            continue
+        if not ranges:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                raise SlurmEnvironmentError(f"SLURM_JOB_NODELIST: cannot read {text!r}")
+            names += [f"{prefix}{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
+    return names
+
+
+def rendezvous(env: Mapping[str, str], configs: dict[str, str] | None = None) -> Rendezvous:
+    """The rendezvous of this node's launcher in the allocation `env` describes."""
+    try:
+        nodes = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+        count, node, job = int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_JOB_ID"]
+    except KeyError as missing:
+        raise SlurmEnvironmentError(f"--rendezvous slurm: {missing.args[0]} is not set (run "
+                                    "the launcher under srun, in an allocation)") from None
+    if len(nodes) != count or not 0 <= node < count:
+        raise SlurmEnvironmentError(f"--rendezvous slurm: SLURM_NNODES={count} and "
+                                    f"SLURM_NODEID={node} do not fit the node list {nodes}")
+    port = PORT_BASE + int(job) % PORT_SPAN
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    return Rendezvous(min_nodes=count, max_nodes=count, endpoint=f"{address(nodes[0])}:{port}",
+                      run_id=f"slurm-{job}-{restarts}", local_addr=address(nodes[node]),
+                      configs=configs or {})
+
+
+def address(node: str) -> str:
+    """The node's address as the other nodes reach it (the name Slurm gives, resolved)."""
+    return socket.gethostbyname(node)
+
+
+def on_time_limit(pause: Callable[[], None]) -> None:
+    """Call `pause` when Slurm warns that the time limit is near (SIGUSR1)."""
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: pause())
