@@ -6,6 +6,10 @@ or the tests are not root."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from bench import cluster
@@ -16,7 +20,7 @@ SUBNET = 231  # 10.231.0.0/16: apart from the hosts cluster's (tests/platform/cl
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path, monkeypatch):
+def slurm_cluster(monkeypatch):
     why = missing()
     if why:
         pytest.skip(why)
@@ -25,7 +29,8 @@ def slurm_cluster(tmp_path, monkeypatch):
 
     def make(n: int = 2, forward: tuple[int, ...] = ()) -> SlurmCluster:
         spec = cluster.up_hosts(HostsSpec(n, 1.0, SUBNET, tuple(forward)))
-        made.append(SlurmCluster(spec, tmp_path / "slurm"))
+        # slurmd's sockets live in its spool folder, their paths under 108 bytes: a short one
+        made.append(SlurmCluster(spec, Path(tempfile.mkdtemp(prefix="rs-slurm-"))))
         made[-1].start()
         for name, value in made[-1].env.items():
             monkeypatch.setenv(name, value)
@@ -35,3 +40,5 @@ def slurm_cluster(tmp_path, monkeypatch):
     for slurm in made:
         slurm.stop()
     cluster.down()
+    for slurm in made:
+        shutil.rmtree(slurm.folder, ignore_errors=True)

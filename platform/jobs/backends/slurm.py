@@ -25,6 +25,7 @@ import time
 
 from django.conf import settings
 from django.db.models import F
+from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from jobs.backends.base import LaunchRefused
@@ -67,15 +68,18 @@ def place_waiting() -> list[Job]:
     for job in Job.objects.filter(backend="slurm", state=State.QUEUED,
                                   cancel_requested_at__isnull=True,
                                   undispatched_since__isnull=False):
-        Job.objects.filter(pk=job.pk).update(incarnation=F("incarnation") + 1)
+        # claimed by one pass only (two passes at once would submit it twice)
+        if not Job.objects.filter(pk=job.pk, undispatched_since=job.undispatched_since).update(
+                incarnation=F("incarnation") + 1, undispatched_since=None):
+            continue
         job.refresh_from_db()
         try:
             app.send_task(RUN_JOB, args=[job.pk, job.incarnation], queue=SLURM_QUEUE)
         except OperationalError as e:
             log.warning("job %s: run_job could not be queued (%s); sent again at the next "
                         "pass", job.pk, e)
+            Job.objects.filter(pk=job.pk).update(undispatched_since=timezone.now())
             continue
-        Job.objects.filter(pk=job.pk).update(undispatched_since=None)
         sent.append(job)
     return sent
 
@@ -118,6 +122,7 @@ class SlurmRun:
         self.job, self.slurm_id = job, slurm_id
         self.returncode: int | None = None
         self.asked_at = 0.0
+        self.state = "PENDING"
         self.reason = ""
 
     @property
@@ -129,6 +134,7 @@ class SlurmRun:
             return self.returncode
         self.asked_at = time.monotonic()
         state, reason, code = look(self.slurm_id)
+        self.state = state
         if state in ALIVE:
             self._waiting(reason if state == "PENDING" else "")
             return None
@@ -142,10 +148,10 @@ class SlurmRun:
         return self.returncode
 
     def signal_all(self, sig: signal.Signals) -> None:
-        """SIGTERM: to every process of the job (the launchers stop their ranks); SIGKILL:
-        the job cancelled outright."""
+        """SIGTERM: to every process of a running job (the launchers stop their ranks);
+        SIGKILL, or a job not running yet: cancelled outright."""
         try:
-            if sig == signal.SIGTERM:
+            if sig == signal.SIGTERM and self.state == "RUNNING":
                 client("scancel", "--full", "--signal=TERM", self.slurm_id)
             else:
                 client("scancel", self.slurm_id)
