@@ -52,7 +52,7 @@ def run(owner: Any, name: str, backend: str, hosts: int, steps: int) -> dict[str
     job.refresh_from_db()
     stored = list(MetricPoint.objects.filter(job=job, name="loss").values_list("step", flat=True))
     return {"backend": backend, "hosts": hosts, "state": job.state,
-            "submit_to_first_step_s": round(first.time.timestamp() - job.created_at.timestamp(),
+            "submit_to_first_step_s": round(first.time - job.created_at.timestamp(),
                                             2),
             "lost_or_duplicated_points": len(stored) - len(set(stored))
             + len(set(range(1, steps + 1)) - set(stored))}

@@ -143,6 +143,8 @@ class SlurmCluster:
         nodes = "".join(
             f"NodeName={self.node(h)} NodeAddr={self.spec.address(h)} CPUs={self.cpus} "
             "State=UNKNOWN\n" for h in range(self.spec.hosts))
+        partition = (f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxNodes={MAX_NODES} "
+                     f"MaxTime={MAX_TIME_MIN} State=UP")
         return f"""ClusterName=ringside
 SlurmctldHost={socket.gethostname().split('.')[0]}({gateway})
 SlurmctldPort={free_port()}
@@ -172,7 +174,7 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=600
 SchedulerParameters=sched_interval=1
-{nodes}PartitionName={PARTITION} Nodes=ALL Default=YES MaxNodes={MAX_NODES} MaxTime={MAX_TIME_MIN} State=UP
+{nodes}{partition}
 """
 
     def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:

@@ -100,8 +100,8 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
         if spec.parallel.nodes % rdzv.max_nodes:
             raise ValueError(f"--rendezvous slurm: parallel.nodes ({spec.parallel.nodes}) must "
                              f"be a multiple of the allocated nodes ({rdzv.max_nodes})")
-        # gloo binds where the other nodes reach this one, not where the host name resolves
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(rdzv.local_addr))
+        if rdzv.max_nodes > 1:  # gloo binds where the other nodes reach this one
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(rdzv.local_addr))
         return rdzv
     low, high = args.nnodes
     if spec.parallel.nodes % high:
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.rendezvous == "slurm" and rdzv.is_lead():
         slurm.on_time_limit(lambda: control.send(
-            target.job, "pause", {"reason": slurm.TIME_LIMIT_REASON}, bus_url=args.bus,
-            run_dir=run_dir))
+            target.job, "pause", bus_url=args.bus, run_dir=run_dir,
+            command_id=slurm.TIME_LIMIT_COMMAND))
     try:
         return launch(spec, target, rdzv)
     except RunDirInUse as e:

@@ -9,8 +9,8 @@ one, and two jobs sharing a node seldom collide); a requeued job (`SLURM_RESTART
 meets under a run id of its own.
 
 `--signal=USR1@<lead>` asks Slurm to warn the job that long before its time limit: the lead's
-launcher answers with a cold pause on the job's own control channel, so the ranks checkpoint
-at the next step boundary and stop (the platform resubmits from that checkpoint).
+launcher answers with a cold pause (`TIME_LIMIT_COMMAND`) on the job's own control channel, so
+the ranks checkpoint at the next step boundary and stop (the platform resubmits from there).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from engine.runtime.launch import Rendezvous
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
-TIME_LIMIT_REASON = "the Slurm time limit is near"
+# the id of the pause the time limit asks for: the platform knows it from its acknowledgement
+# and submits the job again from the checkpoint the pause writes
+TIME_LIMIT_COMMAND = "slurm-time-limit"
 
 
 class SlurmEnvironmentError(ValueError):
@@ -60,8 +62,10 @@ def rendezvous(env: Mapping[str, str], configs: dict[str, str] | None = None) ->
     if len(nodes) != count or not 0 <= node < count:
         raise SlurmEnvironmentError(f"--rendezvous slurm: SLURM_NNODES={count} and "
                                     f"SLURM_NODEID={node} do not fit the node list {nodes}")
-    port = PORT_BASE + int(job) % PORT_SPAN
     restarts = env.get("SLURM_RESTART_COUNT", "0")
+    if count == 1:  # the ranks meet on this node alone, at a free port of its loopback
+        return Rendezvous(run_id=f"slurm-{job}-{restarts}", configs=configs or {})
+    port = PORT_BASE + int(job) % PORT_SPAN
     return Rendezvous(min_nodes=count, max_nodes=count, endpoint=f"{address(nodes[0])}:{port}",
                       run_id=f"slurm-{job}-{restarts}", local_addr=address(nodes[node]),
                       configs=configs or {})

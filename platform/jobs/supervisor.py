@@ -1,11 +1,13 @@
 """One launch of a job's engine, followed from start to exit.
 
-`supervise` starts the engine through the job's backend (jobs.backends) and runs the `Supervisor` loop: it pumps the job's
-ingest (bus → database → websockets), moves the job as the engine's `state` events report,
-settles commands when `action` events name them (jobs.commands), hands the engine's policy
-actions and the run's failure to the platform's fault policy (jobs.policy), carries out cancel
-requests (the cancel command, then SIGTERM to the process group, SIGKILL after a grace period),
-beats the job's heartbeat and redelivers commands the bus missed. When the engine exits,
+`supervise` starts the engine through the job's backend (jobs.backends) and runs the
+`Supervisor` loop: it pumps the job's ingest (bus → database → websockets), moves the job as
+the engine's `state` events report, settles commands when `action` events name them
+(jobs.commands), hands the engine's policy actions and the run's failure to the platform's
+fault policy (jobs.policy), carries out cancel requests (the cancel command, then SIGTERM to
+the launch, SIGKILL after a grace period), beats the job's heartbeat and redelivers commands
+the bus missed. A time-limit pause under Slurm (engine.runtime.slurm) goes on at once, in a
+new submission from the checkpoint it wrote. When the engine exits,
 `finish` records how it ended and releases the job's slots. A paused engine exits, so pausing
 frees the worker and the slots.
 
@@ -31,6 +33,7 @@ from django.utils import timezone
 from engine import contract
 from engine.contract import ExitCode, JobState, PauseMode
 from engine.runtime.events import BUS_RETRY_S, BusOutage
+from engine.runtime.slurm import TIME_LIMIT_COMMAND
 from jobs import backends, commands, policy, proposals
 from jobs.backends import Launched
 from jobs.dispatch import send_schedule
@@ -203,6 +206,9 @@ class Supervisor:
         elif isinstance(event, contract.ActionEvent):
             if (event.command or "").isdigit():  # a platform command's id
                 commands.settle(self.job, event)
+            elif event.command == TIME_LIMIT_COMMAND and event.action == "pause":
+                # the engine checkpointed before Slurm's time limit: on again from there
+                self.regroup = "the Slurm time limit was near"
             elif event.action == "exclude" and self.peers is not None:
                 self.exclude(event)
             else:

@@ -13,16 +13,21 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='backend',
-            field=models.CharField(default='hosts', help_text="what places and launches it (jobs.backends): Ringside's own hosts, or Slurm", max_length=16),
+            field=models.CharField(default='hosts', help_text=(
+                "what places and launches it (jobs.backends): Ringside's own hosts, or Slurm"),
+                max_length=16),
         ),
         migrations.AddField(
             model_name='job',
             name='backend_options',
-            field=models.JSONField(blank=True, default=dict, help_text="the backend's own options, e.g. Slurm's partition, account, time_limit"),
+            field=models.JSONField(blank=True, default=dict, help_text=(
+                "the backend's own options, e.g. Slurm's partition, account, time_limit")),
         ),
         migrations.AddField(
             model_name='job',
             name='backend_ref',
-            field=models.CharField(blank=True, help_text="the backend's name for the current incarnation (a Slurm job id)", max_length=64),
+            field=models.CharField(blank=True, help_text=(
+                "the backend's name for the current incarnation (a Slurm job id)"),
+                max_length=64),
         ),
     ]

@@ -43,6 +43,13 @@ def test_the_first_node_hosts_the_store_at_a_port_of_the_job_and_each_node_says_
     assert rdzv.run_id == "slurm-42-3"  # a requeued job meets under a run id of its own
 
 
+def test_a_one_node_allocation_meets_on_its_own_loopback():
+    rdzv = rendezvous({"SLURM_JOB_NODELIST": "gpu7", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+                       "SLURM_JOB_ID": "9"})
+    assert (rdzv.max_nodes, rdzv.endpoint, rdzv.run_id) == (1, "", "slurm-9-0")
+    assert rdzv.is_lead()
+
+
 @pytest.mark.parametrize("env, says", [
     ({"SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "1"}, "SLURM_NODELIST"),
     ({"SLURM_JOB_NODELIST": "a[1-2]", "SLURM_NNODES": "3", "SLURM_NODEID": "0",

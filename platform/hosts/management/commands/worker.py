@@ -2,7 +2,8 @@
 HOST_BEAT_S in a thread, and runs a Celery worker in this process on the shared queue
 (CELERY_TASK_DEFAULT_QUEUE) and the host's own (`host.<name>`), WORKER_CONCURRENCY pool
 processes; with RINGSIDE_SLURM_SUBMIT=1 (a machine with Slurm's clients) also the Slurm jobs'
-supervisors' queue (jobs.backends.slurm). A name another live worker holds is refused: exit code 2, the reason on stderr.
+supervisors' queue (jobs.backends.slurm). A name another live worker holds is refused: exit
+code 2, the reason on stderr.
 
 Stopping it marks nothing: its beat stops, and the host counts as lost HOST_LOST_AFTER_S
 later. A worker whose name was taken over while it was lost (cut off) stops itself.

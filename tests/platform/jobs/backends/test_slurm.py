@@ -7,7 +7,9 @@ slurmd in each of two emulated hosts' namespaces) with a real worker on a login 
 - a job Slurm holds pending shows Slurm's reason as its waiting reason, and cancelling it
   cancels the Slurm job;
 - a 2-node x 2-rank job submitted through the API completes on Slurm with the losses of the
-  same job on Ringside's own hosts (minutes on two cores: `make bench`).
+  same job on Ringside's own hosts; one near its time limit is warned (SIGUSR1), checkpoints,
+  is submitted again from there and completes with every step stored once (minutes on two
+  cores: `make bench`).
 """
 
 from __future__ import annotations
@@ -43,14 +45,22 @@ def spec(name: str, hosts: int, steps: int) -> dict:
 
 
 @pytest.fixture
-def slurm_platform(slurm_cluster, service_env, tmp_path, session_worker_host_drained):  # noqa: F811
+def worker_env() -> dict[str, str]:
+    """What a test adds to the Slurm worker's environment (parametrize it to change it)."""
+    return {}
+
+
+@pytest.fixture
+def slurm_platform(slurm_cluster, service_env, tmp_path, session_worker_host_drained,  # noqa: F811
+                   worker_env):
     """The cluster, and a worker that submits to it, on this session's database and Redis
     (the nodes reach that Redis at host 0's gateway)."""
     redis = urlsplit(service_env["REDIS_URL"])
     cluster = slurm_cluster(2, forward=(redis.port,))
     bus = redis._replace(netloc=f"{cluster.spec.gateway(0)}:{redis.port}").geturl()
     env = {**service_env, **cluster.env, **FAST, "RINGSIDE_SLURM_SUBMIT": "1",
-           "RINGSIDE_SLURM_BUS_URL": bus, "RINGSIDE_HOST_NAME": f"slurm-login-{os.getpid()}"}
+           "RINGSIDE_SLURM_BUS_URL": bus, "RINGSIDE_HOST_NAME": f"slurm-login-{os.getpid()}",
+           **worker_env}
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],
@@ -59,6 +69,14 @@ def slurm_platform(slurm_cluster, service_env, tmp_path, session_worker_host_dra
     cluster.worker_log = log
     yield cluster
     stop_process_group(worker, grace_s=10)
+
+
+def finished(job: Job, cluster, eventually, timeout: float) -> Job:
+    """`job` once it completed or failed."""
+    eventually(lambda: Job.objects.get(pk=job.pk).state in (State.COMPLETED, State.FAILED),
+               timeout, lambda: diagnosis(job, cluster))
+    job.refresh_from_db()
+    return job
 
 
 def diagnosis(job: Job, cluster) -> str:
@@ -135,10 +153,7 @@ def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_host
                         format="json").json()["id"]
     on_hosts = api.post("/api/jobs/", spec("on-hosts", 1, 6), format="json").json()["id"]
     for pk in (on_slurm, on_hosts):
-        job = Job.objects.get(pk=pk)
-        eventually(lambda: Job.objects.get(pk=pk).state in (State.COMPLETED, State.FAILED),
-                   2 * START_S, lambda: diagnosis(job, slurm_platform))
-        job.refresh_from_db()
+        job = finished(Job.objects.get(pk=pk), slurm_platform, eventually, 2 * START_S)
         assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
     slurm_job = Job.objects.get(pk=on_slurm)
     assert look(slurm_job.backend_ref)[:3:2] == ("COMPLETED", 0)
@@ -147,3 +162,22 @@ def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_host
     assert [step for step, _ in losses[0]] == list(range(1, 7))  # every step stored once
     for (_, a), (_, b) in zip(*losses, strict=True):
         assert math.isclose(a, b, rel_tol=1e-4)
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": "100"}])
+def test_a_job_warned_of_its_time_limit_checkpoints_and_goes_on_in_a_new_submission(
+        slurm_platform, api, eventually):
+    # warned 100 s before a 3-minute limit (Slurm may warn up to a minute earlier still), long
+    # before its steps are done
+    steps = 60
+    created = api.post("/api/jobs/", {**spec("timed", 1, steps), "backend": "slurm",
+                                      "slurm": {"time_limit": 3}}, format="json")
+    assert created.status_code == 201, created.json()
+    job = finished(Job.objects.get(pk=created.json()["id"]), slurm_platform, eventually,
+                   3 * START_S)
+    assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
+    assert job.launches == 2 and job.incarnation == 2
+    assert job.transitions.filter(message__startswith="the Slurm time limit was near").exists()
+    stored = list(MetricPoint.objects.filter(job=job, name="loss").values_list("step", flat=True))
+    assert sorted(stored) == list(range(1, steps + 1))  # every step once
