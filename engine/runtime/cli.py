@@ -5,8 +5,7 @@ Without `--bus`, events go to a JSONL file only (default `<run dir>/events.jsonl
 On several hosts, each runs the same command with torchrun's arguments (`--nnodes`,
 `--rdzv-endpoint`, `--rdzv-id`, `--local-addr`); each host runs world_size / nnodes ranks.
 Under Slurm, `srun` runs it once per node with `--rendezvous slurm` instead: the allocation
-says the hosts (engine.runtime.slurm), and SIGUSR1 before the time limit pauses the run at its
-next checkpoint.
+says the hosts (engine.runtime.slurm).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from engine.contract import ExitCode
 from engine.ports import interface_of
-from engine.runtime import control, slurm
+from engine.runtime import slurm
 from engine.runtime.launch import Rendezvous, RunDirInUse, RunTarget, launch
 from engine.runtime.spec import JobSpec, SpecError, parse_spec
 
@@ -145,10 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         resume_from=args.resume,
         metrics_port=args.metrics_port,
     )
-    if args.rendezvous == "slurm" and rdzv.is_lead():
-        slurm.on_time_limit(lambda: control.send(
-            target.job, "pause", bus_url=args.bus, run_dir=run_dir,
-            command_id=slurm.TIME_LIMIT_COMMAND))
     try:
         return launch(spec, target, rdzv)
     except RunDirInUse as e:

@@ -191,8 +191,6 @@ def _on_rendezvous_world(spec: JobSpec) -> tuple[JobSpec, str | None]:
 @record
 def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     """The entry point of every rank (a spawned process with the elastic environment)."""
-    # Slurm's time-limit warning goes to every process of the step: the launcher answers it
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _lead_first(target.lead)
     spec, relaid = _on_rendezvous_world(parse_spec(spec_data))
     rank = int(os.environ.get("RANK", "0"))

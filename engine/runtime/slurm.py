@@ -8,18 +8,22 @@ node hosts the c10d store, at a port derived from the job id (every node compute
 one, and two jobs sharing a node seldom collide); a requeued job (`SLURM_RESTART_COUNT`)
 meets under a run id of its own.
 
-`--signal=USR1@<lead>` asks Slurm to warn the job that long before its time limit: the lead's
-launcher answers with a cold pause (`TIME_LIMIT_COMMAND`) on the job's own control channel, so
-the ranks checkpoint at the next step boundary and stop (the platform resubmits from there).
+`--signal=B:USR1@<lead>` asks Slurm to warn the batch shell that long before the job's time
+limit; the shell (jobs.backends.slurm's script) runs `python -m engine.runtime.slurm --job ID
+--bus URL`, which asks for a cold pause (`TIME_LIMIT_COMMAND`) on the job's control channel,
+so the ranks checkpoint at the next step boundary and stop (the platform submits it again
+from there). Only the shell is signalled: every other process of the step keeps running.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-import signal
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 
+from engine.runtime import control
 from engine.runtime.launch import Rendezvous
 
 PORT_BASE = 20000
@@ -76,6 +80,19 @@ def address(node: str) -> str:
     return socket.gethostbyname(node)
 
 
-def on_time_limit(pause: Callable[[], None]) -> None:
-    """Call `pause` when Slurm warns that the time limit is near (SIGUSR1)."""
-    signal.signal(signal.SIGUSR1, lambda _signum, _frame: pause())
+def warn(argv: list[str] | None = None) -> int:
+    """`python -m engine.runtime.slurm --job ID (--bus URL | --run-dir DIR)`: ask the job's
+    ranks for the time limit's pause."""
+    parser = argparse.ArgumentParser(prog="python -m engine.runtime.slurm",
+                                     description="pause a job before its Slurm time limit")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--bus", metavar="REDIS_URL")
+    parser.add_argument("--run-dir", type=Path)
+    args = parser.parse_args(argv)
+    control.send(args.job, "pause", bus_url=args.bus, run_dir=args.run_dir,
+                 command_id=TIME_LIMIT_COMMAND)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(warn())

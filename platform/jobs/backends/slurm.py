@@ -5,7 +5,7 @@ sends the job's supervisor task to the queue that workers with Slurm's clients c
 (`SLURM_QUEUE`: `manage.py worker` with RINGSIDE_SLURM_SUBMIT=1, on a login node). That
 supervisor renders a batch script from the spec (`batch_script`: one node per host, one
 launcher per node through `srun`, the CPUs or `--gres` of its ranks, the time limit,
-`--signal=USR1@<lead>` so the engine checkpoints before the time limit, `--requeue`), submits
+`--signal=B:USR1@<lead>` so the engine checkpoints before the time limit, `--requeue`), submits
 it with `sbatch --parsable` and follows it (`SlurmRun`: `squeue`, then `scontrol show job`,
 then `sacct`) into the job's states: while Slurm holds it pending, its reason is the job's
 waiting reason. The launchers meet through the allocation (`engine.train --rendezvous slurm`)
@@ -21,6 +21,7 @@ import logging
 import shlex
 import signal
 import subprocess
+import sys
 import time
 
 from django.conf import settings
@@ -84,17 +85,17 @@ def place_waiting() -> list[Job]:
     return sent
 
 
-def batch_script(job: Job, spec: dict, command: list[str]) -> str:
+def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -> str:
     """The batch script of one submission: `#SBATCH` lines from the spec and the job's Slurm
     options (each checked by jobs.backends.options: no newline or shell syntax), then `srun`
-    starting `command` (the engine's launcher) once per node; a requeued run resumes from the
-    job's own checkpoints."""
+    starting `command` (the engine's launcher) once per node, and `warning` run when Slurm
+    warns of the time limit; a requeued run resumes from the job's own checkpoints."""
     parallel, options = spec["parallel"], job.backend_options.get("slurm", {})
     hosts = int(parallel.get("hosts", 1))
     ranks = int(parallel["nodes"]) // hosts * int(parallel.get("procs_per_node", 1))
     folder = run_dir(job)
     lines = [f"--job-name=ringside-{job.pk}", f"--nodes={hosts}", "--ntasks-per-node=1",
-             f"--signal=USR1@{settings.SLURM_SIGNAL_LEAD_S}", "--requeue",
+             f"--signal=B:USR1@{settings.SLURM_SIGNAL_LEAD_S}", "--requeue",
              f"--output={folder / 'stdout.log'}", f"--error={folder / 'stderr.log'}",
              "--open-mode=append", f"--chdir={settings.REPO_ROOT}"]
     lines.append(f"--gres={options['gres']}" if options.get("gres")
@@ -109,8 +110,13 @@ def batch_script(job: Job, spec: dict, command: list[str]) -> str:
         "resume=()",
         # a requeued job (time limit, node failure) goes on from its own newest checkpoint
         f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then resume=(--resume {checkpoints}); fi',
-        f"exec srun --kill-on-bad-exit=1 {shlex.join(command)} --rendezvous slurm "
-        '"${resume[@]}"', ""])
+        f'srun --kill-on-bad-exit=1 {shlex.join(command)} --rendezvous slurm "${{resume[@]}}" &',
+        "step=$!",
+        # Slurm's warning before the time limit (only this shell gets it): the ranks pause
+        f"trap {shlex.quote(shlex.join(warning))} USR1",
+        # a trap interrupts `wait`: wait again until the step itself ended
+        'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
+        'exit "$code"', ""])
 
 
 class SlurmRun:
@@ -196,9 +202,12 @@ class SlurmBackend:
     def start(self, job: Job) -> tuple[SlurmRun, None]:
         """Submit this incarnation; its engine's launchers start when Slurm allocates."""
         spec_path = write_spec(job, job.spec)
-        command = engine_command(job, spec_path, bus_url=settings.SLURM_BUS_URL)
+        bus = settings.SLURM_BUS_URL or settings.REDIS_URL
+        command = engine_command(job, spec_path, bus_url=bus)
+        warning = [sys.executable, "-m", "engine.runtime.slurm", "--job", str(job.pk),
+                   "--bus", bus]
         script = spec_path.parent / "slurm.sh"
-        script.write_text(batch_script(job, job.spec, command), encoding="utf-8")
+        script.write_text(batch_script(job, job.spec, command, warning), encoding="utf-8")
         slurm_id = client("sbatch", "--parsable", str(script)).strip().split(";")[0]
         Job.objects.filter(pk=job.pk).update(backend_ref=slurm_id)
         log.info("job %s: submitted as Slurm job %s (resuming from %s)", job.pk, slurm_id,

@@ -4,17 +4,17 @@ tests/platform/jobs/backends/test_slurm.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
+import json
 
 import pytest
 
 from engine.runtime.slurm import (
     PORT_BASE,
+    TIME_LIMIT_COMMAND,
     SlurmEnvironmentError,
     expand_nodelist,
-    on_time_limit,
     rendezvous,
+    warn,
 )
 
 
@@ -60,12 +60,7 @@ def test_outside_an_allocation_the_launcher_says_what_is_missing(env, says):
         rendezvous(env)
 
 
-def test_slurms_time_limit_warning_asks_for_the_pause():
-    asked = []
-    before = signal.getsignal(signal.SIGUSR1)
-    try:
-        on_time_limit(lambda: asked.append("pause"))
-        os.kill(os.getpid(), signal.SIGUSR1)
-    finally:
-        signal.signal(signal.SIGUSR1, before)
-    assert asked == ["pause"]
+def test_the_time_limit_warning_asks_the_ranks_for_a_pause_they_know_by_its_id(tmp_path):
+    assert warn(["--job", "j", "--run-dir", str(tmp_path)]) == 0
+    command = json.loads((tmp_path / "control.jsonl").read_text())
+    assert command == {"kind": "pause", "args": {}, "id": TIME_LIMIT_COMMAND}

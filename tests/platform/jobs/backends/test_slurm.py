@@ -165,14 +165,14 @@ def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_host
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": "100"}])
+@pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": "150"}])
 def test_a_job_warned_of_its_time_limit_checkpoints_and_goes_on_in_a_new_submission(
         slurm_platform, api, eventually):
-    # warned 100 s before a 3-minute limit (Slurm may warn up to a minute earlier still), long
-    # before its steps are done
-    steps = 60
+    # warned 150 s before a 4-minute limit (Slurm may warn up to a minute earlier still: once
+    # its ranks read commands, long before its steps are done)
+    steps = 100
     created = api.post("/api/jobs/", {**spec("timed", 1, steps), "backend": "slurm",
-                                      "slurm": {"time_limit": 3}}, format="json")
+                                      "slurm": {"time_limit": 4}}, format="json")
     assert created.status_code == 201, created.json()
     job = finished(Job.objects.get(pk=created.json()["id"]), slurm_platform, eventually,
                    3 * START_S)
