@@ -31,7 +31,7 @@ from kombu.exceptions import OperationalError
 
 from jobs.backends.base import LaunchRefused
 from jobs.dispatch import RUN_JOB
-from jobs.launch import engine_command, resume_point, run_dir, write_spec
+from jobs.launch import checkpoint_folder, engine_command, resume_point, run_dir, write_spec
 from jobs.models import Job, State
 from ringside.celery import app
 from ringside.services import engine_env
@@ -104,7 +104,7 @@ def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -
         lines.append(f"--time={options['time_limit']}")
     lines += [f"--{name}={options[name]}" for name in ("partition", "account", "qos",
                                                        "constraint") if options.get(name)]
-    checkpoints = shlex.quote(str(folder / "checkpoints"))
+    checkpoints = shlex.quote(str(checkpoint_folder(job)))
     return "\n".join([
         "#!/bin/bash", *(f"#SBATCH {line}" for line in lines),
         "resume=()",

@@ -168,16 +168,16 @@ def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_host
 @pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": "150"}])
 def test_a_job_warned_of_its_time_limit_checkpoints_and_goes_on_in_a_new_submission(
         slurm_platform, api, eventually):
-    # warned 150 s before a 4-minute limit (Slurm may warn up to a minute earlier still: once
-    # its ranks read commands, long before its steps are done)
-    steps = 100
+    # warned 150 s before a 4-minute limit (Slurm may warn up to a minute earlier still), so
+    # each submission trains a minute or so: it takes two or more to do the steps
+    steps = 30
     created = api.post("/api/jobs/", {**spec("timed", 1, steps), "backend": "slurm",
                                       "slurm": {"time_limit": 4}}, format="json")
     assert created.status_code == 201, created.json()
     job = finished(Job.objects.get(pk=created.json()["id"]), slurm_platform, eventually,
                    3 * START_S)
     assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
-    assert job.launches == 2 and job.incarnation == 2
+    assert job.launches >= 2
     assert job.transitions.filter(message__startswith="the Slurm time limit was near").exists()
     stored = list(MetricPoint.objects.filter(job=job, name="loss").values_list("step", flat=True))
     assert sorted(stored) == list(range(1, steps + 1))  # every step once
