@@ -1,9 +1,12 @@
 """Free ports for servers a process starts next (the engine's rendezvous, the platform's
-services, tests and benchmarks): one helper for all of them."""
+services, tests and benchmarks): one helper for all of them; and which interface holds an
+address (where gloo binds a host's ranks)."""
 
 from __future__ import annotations
 
 import socket
+
+import psutil
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -11,3 +14,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def interface_of(address: str) -> str:
+    """The network interface that holds `address` (the host's registered one): gloo binds the
+    ranks there, where the other hosts reach them, rather than where the host name resolves."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    raise RuntimeError(f"no network interface of this host has the address {address} it "
+                       "is reached at")

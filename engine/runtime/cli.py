@@ -4,16 +4,21 @@ Without `--bus`, events go to a JSONL file only (default `<run dir>/events.jsonl
 `--bus REDIS_URL --job ID`, rank 0 also publishes them to the job's Redis stream.
 On several hosts, each runs the same command with torchrun's arguments (`--nnodes`,
 `--rdzv-endpoint`, `--rdzv-id`, `--local-addr`); each host runs world_size / nnodes ranks.
+Under Slurm, `srun` runs it once per node with `--rendezvous slurm` instead: the allocation
+says the hosts (engine.runtime.slurm).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from engine.contract import ExitCode
+from engine.ports import interface_of
+from engine.runtime import slurm
 from engine.runtime.launch import Rendezvous, RunDirInUse, RunTarget, launch
 from engine.runtime.spec import JobSpec, SpecError, parse_spec
 
@@ -79,12 +84,24 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--local-addr", metavar="ADDR",
                        help="the address the other hosts reach this one at (default: the "
                             "host name's)")
+    hosts.add_argument("--rendezvous", choices=("args", "slurm"), default="args",
+                       help="where the hosts come from: the arguments above (default), or "
+                            "the Slurm allocation this runs in (one launcher per node, "
+                            "under srun)")
     return parser
 
 
 def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
     """The rendezvous the arguments ask for; ValueError naming the argument if the spec's
     nodes do not spread over the hosts, or several hosts have no endpoint to meet at."""
+    if args.rendezvous == "slurm":
+        rdzv = slurm.rendezvous(os.environ, args.rdzv_conf)
+        if spec.parallel.nodes % rdzv.max_nodes:
+            raise ValueError(f"--rendezvous slurm: parallel.nodes ({spec.parallel.nodes}) must "
+                             f"be a multiple of the allocated nodes ({rdzv.max_nodes})")
+        if rdzv.max_nodes > 1:  # gloo binds where the other nodes reach this one
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(rdzv.local_addr))
+        return rdzv
     low, high = args.nnodes
     if spec.parallel.nodes % high:
         raise ValueError(f"--nnodes: parallel.nodes ({spec.parallel.nodes}) must be a multiple "

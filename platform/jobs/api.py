@@ -35,6 +35,7 @@ from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import admission, calibration, confinement, exports, idempotency, proposals
+from jobs.backends import options as backend_options
 from jobs.errors import (
     BAD_BODY,
     BAD_QUERY,
@@ -137,6 +138,17 @@ class JobFilter(filters.FilterSet):
         return jobs.filter(tags__icontains=json.dumps(tag.lower()))
 
 
+BACKEND_FIELDS = ("backend", "slurm")  # jobs.backends.options: beside the spec, not in it
+
+
+def _hosts_asked(data: dict) -> int:
+    """The hosts a create body asks for, as the backend's limits count them (a malformed
+    value is the spec's to report)."""
+    parallel = data.get("parallel")
+    hosts = parallel.get("hosts", 1) if isinstance(parallel, dict) else 1
+    return hosts if isinstance(hosts, int) and not isinstance(hosts, bool) else 1
+
+
 @extend_schema_view(
     list=extend_schema(description="Your jobs (staff: everyone's), newest first unless "
                        "`ordering` says otherwise; paginated with `limit`/`offset`.",
@@ -189,10 +201,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         extras = JobOptions().fields  # the platform's own fields beside the spec
         options = JobOptions(data={})
         sinks = None  # the owner's defaults
+        backend: tuple[str, dict] = (settings.BACKEND, {})
         if isinstance(data, dict):
             options = JobOptions(data={k: v for k, v in data.items() if k in extras})
+            backend = backend_options.parse(data, _hosts_asked(data), errors)
             data = {k: v for k, v in data.items()
-                    if k not in ("platform", "sinks") and k not in extras}
+                    if k not in ("platform", "sinks", *BACKEND_FIELDS) and k not in extras}
             try:
                 policy = PlatformPolicy.parse(request.data.get("platform"))
             except PolicyError as e:
@@ -216,7 +230,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         admission.admit(request.user, spec, options.validated_data["priority"])
-        job = self._launch(request, spec, policy, "job.create", sinks=sinks,
+        job = self._launch(request, spec, policy, "job.create", sinks=sinks, backend=backend,
                            **options.validated_data)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -237,13 +251,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _launch(self, request: Request, spec: dict, policy: PlatformPolicy, what: str,
                 resume_from: str = "", priority: int = 0,
-                sinks: list[dict[str, str]] | None = None, **details) -> Job:
+                sinks: list[dict[str, str]] | None = None,
+                backend: tuple[str, dict] = (settings.BACKEND, {}), **details) -> Job:
         from jobs.tasks import dispatch
 
         with transaction.atomic():
             job = Job.objects.create(name=spec["name"], owner=request.user, spec=spec,
                                      platform=policy.to_dict(), resume_from=resume_from,
-                                     priority=priority)
+                                     priority=priority, backend=backend[0],
+                                     backend_options=backend[1])
             sink_options.attach(job, sinks)
             record_use(job)
             audit(what, actor(request), request_cause(request), job=job, **details)
@@ -457,6 +473,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                            "job.clone", resume_from=body.validated_data["resume_from"],
                            priority=admission.capped_priority(request.user, original.priority),
                            sinks=[sink.config for sink in original.sinks.all()],
+                           backend=(original.backend, original.backend_options),
                            original=original.pk)
         return Response(JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from django.conf import settings
 
 from engine.checkpoint.layout import find_latest_good
+from engine.ports import interface_of
 from engine.runtime import confine
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
@@ -84,11 +84,14 @@ class HostShare:
         return f"{stem}-node{self.node_rank}{dot}{ext}"
 
 
-def engine_command(job: Job, spec_path: Path, share: HostShare = HostShare()) -> list[str]:
+def engine_command(job: Job, spec_path: Path, share: HostShare = HostShare(),
+                   bus_url: str = "") -> list[str]:
+    """The launcher's command line; `bus_url`: the Redis as the engine's host reaches it
+    (default: the platform's own)."""
     folder = spec_path.parent
     command = [
         sys.executable, "-m", "engine.train", str(spec_path),
-        "--bus", settings.REDIS_URL, "--job", str(job.pk),
+        "--bus", bus_url or settings.REDIS_URL, "--job", str(job.pk),
         "--events", str(folder / "events.jsonl"), "--run-dir", str(folder),
     ]
     if share.nnodes > 1:
@@ -98,13 +101,32 @@ def engine_command(job: Job, spec_path: Path, share: HostShare = HostShare()) ->
     return command + ["--resume", str(resume)] if resume is not None else command
 
 
-def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subprocess.Popen:
+class EngineProcess(subprocess.Popen):
+    """This host's engine launcher, the leader of its own process group."""
+
+    @property
+    def ref(self) -> str:
+        return f"pid {self.pid}"
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """`sig` to the launcher and every rank."""
+        kill_group(self, sig)
+
+
+def write_spec(job: Job, spec: dict, share: HostShare = HostShare()) -> Path:
     """Write the spec this incarnation runs (`spec`: the job's, laid out on the hosts it
-    holds) into the run folder and start this host's engine launcher on it."""
+    holds) into the run folder; its path."""
     folder = run_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / share.suffix("spec.json")
     spec_path.write_text(json.dumps(engine_spec(job, spec), indent=2), encoding="utf-8")
+    return spec_path
+
+
+def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> EngineProcess:
+    """Write the spec this incarnation runs and start this host's engine launcher on it."""
+    spec_path = write_spec(job, spec, share)
+    folder = spec_path.parent
     env = engine_env()
     if share.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = interface_of(share.address)
@@ -113,19 +135,9 @@ def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> subpro
     with (folder / share.suffix("stdout.log")).open("ab") as out, \
             stderr_path(job, share).open("wb") as err:
         # its own process group, so cancel signals reach the launcher and every rank
-        return subprocess.Popen(engine_command(job, spec_path, share), cwd=settings.REPO_ROOT,
-                                env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_before_exec(share))
-
-
-def interface_of(address: str) -> str:
-    """The network interface that holds `address` (the host's registered one): gloo binds the
-    ranks there, where the other hosts reach them, rather than where the host name resolves."""
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return name
-    raise RuntimeError(f"no network interface of this host has the address {address} it "
-                       "registered with (RINGSIDE_HOST_ADDRESS)")
+        return EngineProcess(engine_command(job, spec_path, share), cwd=settings.REPO_ROOT,
+                             env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=_before_exec(share))
 
 
 def _before_exec(share: HostShare) -> Callable[[], None]:

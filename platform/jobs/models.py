@@ -130,6 +130,12 @@ class Job(models.Model):
         default=0, help_text="placements so far; its reservations carry the one they belong to")
     waiting_reason = models.TextField(blank=True, help_text="why placement could not place it "
                                       "yet; empty once placed")
+    backend = models.CharField(max_length=16, default="hosts", help_text=(
+        "what places and launches it (jobs.backends): Ringside's own hosts, or Slurm"))
+    backend_options = models.JSONField(default=dict, blank=True, help_text=(
+        "the backend's own options, e.g. Slurm's partition, account, time_limit"))
+    backend_ref = models.CharField(max_length=64, blank=True, help_text=(
+        "the backend's name for the current incarnation (a Slurm job id)"))
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -18,6 +18,7 @@ others back; it stays queued with its reason (it is not failed: hosts may regist
 Nor does one that would take its owner past their slot quota (jobs.models.Quota): it waits,
 saying so, until their other jobs free slots.
 
+Only jobs on the `hosts` backend are placed here (Slurm places its own: jobs.backends.slurm).
 The placed job keeps its state (queued); its supervisor task moves it on (`Job.start`). A job
 that has run and cannot get even `min_hosts` hosts waits in `waiting_for_hosts` and returns
 to queued when it is placed again.
@@ -186,7 +187,7 @@ def queue() -> QuerySet[Job]:
     since = (JobEvent.objects.filter(job=OuterRef("pk"), to_state__in=WAITING)
              .values("job").annotate(last=Max("time")).values("last"))
     return (Job.objects.filter(state__in=WAITING, cancel_requested_at__isnull=True,
-                               undispatched_since__isnull=False)
+                               undispatched_since__isnull=False, backend="hosts")
             .exclude(Exists(placed))
             .annotate(waiting_since=Coalesce(Subquery(since), F("created_at"))))
 

@@ -1,11 +1,13 @@
 """One launch of a job's engine, followed from start to exit.
 
-`supervise` starts the engine (jobs.launch) and runs the `Supervisor` loop: it pumps the job's
-ingest (bus → database → websockets), moves the job as the engine's `state` events report,
-settles commands when `action` events name them (jobs.commands), hands the engine's policy
-actions and the run's failure to the platform's fault policy (jobs.policy), carries out cancel
-requests (the cancel command, then SIGTERM to the process group, SIGKILL after a grace period),
-beats the job's heartbeat and redelivers commands the bus missed. When the engine exits,
+`supervise` starts the engine through the job's backend (jobs.backends) and runs the
+`Supervisor` loop: it pumps the job's ingest (bus → database → websockets), moves the job as
+the engine's `state` events report, settles commands when `action` events name them
+(jobs.commands), hands the engine's policy actions and the run's failure to the platform's
+fault policy (jobs.policy), carries out cancel requests (the cancel command, then SIGTERM to
+the launch, SIGKILL after a grace period), beats the job's heartbeat and redelivers commands
+the bus missed. A time-limit pause under Slurm (engine.runtime.slurm) goes on at once, in a
+new submission from the checkpoint it wrote. When the engine exits,
 `finish` records how it ended and releases the job's slots. A paused engine exits, so pausing
 frees the worker and the slots.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,22 +32,13 @@ from django.utils import timezone
 
 from engine import contract
 from engine.contract import ExitCode, JobState, PauseMode
-from engine.ports import free_port
 from engine.runtime.events import BUS_RETRY_S, BusOutage
-from jobs import commands, placement, policy, proposals
-from jobs.dispatch import send_run_part, send_schedule
-from jobs.launch import kill_group, run_dir, scrub_paths, start_engine, stderr_tail
-from jobs.membership import (
-    Peers,
-    announce,
-    exclude,
-    held,
-    incarnation_spec,
-    lose_hosts,
-    regroup,
-    regroup_reason,
-    share,
-)
+from engine.runtime.slurm import TIME_LIMIT_COMMAND
+from jobs import backends, commands, policy, proposals
+from jobs.backends import Launched
+from jobs.dispatch import send_schedule
+from jobs.launch import scrub_paths, stderr_tail
+from jobs.membership import Peers, exclude, lose_hosts, regroup, regroup_reason
 from jobs.models import Cause, Command, CommandKind, CommandState, IllegalTransition, Job, State
 from jobs.webhooks import notify
 from monitor.ingest import StreamIngest
@@ -71,8 +63,13 @@ def supervise(job: Job, me: str) -> None:
     # what an earlier incarnation published and nobody stored is stored now, before this
     # launch's events, so it cannot be mistaken for them
     ingest.drain()
-    proc, peers = _start(job)
-    log.info("job %s: engine started, pid %s (launch %s)", job.pk, proc.pid, job.launches)
+    backend = backends.of(job)
+    try:
+        proc, peers = backend.start(job)
+    except backends.LaunchRefused as refused:
+        job.fail(scrub_paths(str(refused), job))
+        return
+    log.info("job %s: engine started, %s (launch %s)", job.pk, proc.ref, job.launches)
     # each sink follows the stream on its own thread, never holding the ingest (monitor.sinks)
     sink_runners = sinks.start(job.pk, settings.REDIS_URL)
     supervisor = Supervisor(job, proc, ingest, me, peers)
@@ -82,32 +79,18 @@ def supervise(job: Job, me: str) -> None:
         # the supervisor can no longer follow the run (database or Redis gone, or the task is
         # being torn down): stop the engine rather than leave ranks training unobserved; the
         # job stays as it is for the reaper to requeue once its heartbeat is stale
-        kill_group(proc, signal.SIGKILL)
+        proc.signal_all(signal.SIGKILL)
         proc.wait()
         raise
     finally:
         client.close()
         sinks.stop(sink_runners)
     if engine.owned:
-        placement.release(job)  # before `finish`, which may queue the job to be placed anew
+        backend.release(job)  # before `finish`, which may queue the job to be placed anew
         finish(job, proc.returncode, engine)
         if supervisor.regroup and job.state == State.PAUSED:
             regroup(job, supervisor.regroup)
     send_schedule()  # the slots it held may fit a waiting job
-
-
-def _start(job: Job) -> tuple[subprocess.Popen, Peers | None]:
-    """Start this incarnation: the lead's engine launcher, then every other host's part."""
-    reservations = held(job, job.incarnation)
-    if not reservations:  # run directly, not placed (the engine's own single-host launch)
-        return start_engine(job, job.spec), None
-    announce(job, run_dir(job) / "events.jsonl")
-    endpoint = f"{reservations[0].host.address}:{free_port()}" if len(reservations) > 1 else ""
-    proc = start_engine(job, incarnation_spec(job, len(reservations)),
-                        share(job, job.incarnation, 0, endpoint))
-    for reservation in reservations[1:]:
-        send_run_part(job, reservation, endpoint)
-    return proc, Peers(job, job.incarnation, 0)
 
 
 @dataclass
@@ -123,7 +106,7 @@ class EngineReport:
 class Supervisor:
     """The loop of one launch: pump events until the engine exits."""
 
-    def __init__(self, job: Job, proc: subprocess.Popen | None, ingest: StreamIngest | None,
+    def __init__(self, job: Job, proc: Launched | None, ingest: StreamIngest | None,
                  me: str, peers: Peers | None = None):
         self.job, self.proc, self.ingest, self.me, self.peers = job, proc, ingest, me, peers
         self.engine = EngineReport()
@@ -168,7 +151,7 @@ class Supervisor:
             if not self.job.beat(self.me):
                 log.warning("job %s: no longer supervised by %s; stopping its engine",
                             self.job.pk, self.me)
-                kill_group(self.proc, signal.SIGKILL)
+                self.proc.signal_all(signal.SIGKILL)
                 self.proc.wait()
                 self.engine.owned = False
                 return False
@@ -184,11 +167,11 @@ class Supervisor:
                 return False
         if self.term_at is not None and now >= self.term_at and not self.sigterm_sent:
             log.info("job %s: cancel requested, SIGTERM to the engine", self.job.pk)
-            kill_group(self.proc, signal.SIGTERM)
+            self.proc.signal_all(signal.SIGTERM)
             self.sigterm_sent, self.kill_at = True, now + settings.JOB_CANCEL_GRACE_S
         if self.kill_at is not None and now >= self.kill_at:
             log.warning("job %s: engine still alive after SIGTERM, SIGKILL", self.job.pk)
-            kill_group(self.proc, signal.SIGKILL)
+            self.proc.signal_all(signal.SIGKILL)
             self.kill_at = None
         return True
 
@@ -203,7 +186,7 @@ class Supervisor:
             return True
         log.warning("job %s: incarnation %s is over; stopping its engine here", job.pk,
                     peers.incarnation)
-        kill_group(self.proc, signal.SIGKILL)
+        self.proc.signal_all(signal.SIGKILL)
         self.proc.wait()
         self.engine.owned = False
         return False
@@ -227,6 +210,9 @@ class Supervisor:
         elif isinstance(event, contract.ActionEvent):
             if (event.command or "").isdigit():  # a platform command's id
                 commands.settle(self.job, event)
+            elif event.command == TIME_LIMIT_COMMAND and event.action == "pause":
+                # the engine checkpointed before Slurm's time limit: on again from there
+                self.regroup = "the Slurm time limit was near"
             elif event.action == "exclude" and self.peers is not None:
                 self.exclude(event)
             else:

@@ -35,6 +35,7 @@ from django.utils import timezone
 from engine.checkpoint.layout import find_latest_good
 from hosts.models import Host
 from jobs import commands, placement
+from jobs.backends import slurm
 from jobs.dispatch import RUN_JOB, RUN_PART, SCHEDULE, dispatch, send_run_job
 from jobs.launch import checkpoint_folder, kill_group, run_dir, start_engine
 from jobs.membership import Peers, held, incarnation_spec, lose_hosts, share
@@ -55,7 +56,7 @@ def schedule() -> list[int]:
     placed = placement.schedule()
     for job in placed:
         send_run_job(job)
-    return [job.pk for job in placed]
+    return [job.pk for job in placed + slurm.place_waiting()]
 
 
 @shared_task(bind=True, name=RUN_JOB)

@@ -262,6 +262,15 @@ WORKER_LABELS = _labels(os.environ.get("WORKER_LABELS", ""))
 # PART_START_TIMEOUT_S of the launch, is a lost host and the job moves to the others
 # (jobs.membership).
 PART_BEAT_S = float(os.environ.get("PART_BEAT_S", "1"))
+# what places and launches a job that names no backend (jobs.backends): "hosts" or "slurm"
+BACKEND = os.environ.get("RINGSIDE_BACKEND", "hosts")
+# a worker with Slurm's clients (a login node) supervises Slurm jobs: it consumes their queue
+SLURM_SUBMIT = os.environ.get("RINGSIDE_SLURM_SUBMIT", "") == "1"
+# the Redis the cluster's nodes publish to (the platform's own, as the nodes reach it)
+SLURM_BUS_URL = os.environ.get("RINGSIDE_SLURM_BUS_URL", "")
+SLURM_POLL_S = float(os.environ.get("RINGSIDE_SLURM_POLL_S", "1"))
+# Slurm warns the job this long before its time limit (SIGUSR1): the engine checkpoints
+SLURM_SIGNAL_LEAD_S = int(os.environ.get("RINGSIDE_SLURM_SIGNAL_LEAD_S", "60"))
 PART_SILENT_AFTER_S = float(os.environ.get("PART_SILENT_AFTER_S", "5"))
 PART_START_TIMEOUT_S = float(os.environ.get("PART_START_TIMEOUT_S", "60"))
 

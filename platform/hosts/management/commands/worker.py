@@ -1,7 +1,9 @@
 """`manage.py worker`: one worker host. Registers the host (hosts.registry), beats it every
 HOST_BEAT_S in a thread, and runs a Celery worker in this process on the shared queue
 (CELERY_TASK_DEFAULT_QUEUE) and the host's own (`host.<name>`), WORKER_CONCURRENCY pool
-processes. A name another live worker holds is refused: exit code 2, the reason on stderr.
+processes; with RINGSIDE_SLURM_SUBMIT=1 (a machine with Slurm's clients) also the Slurm jobs'
+supervisors' queue (jobs.backends.slurm). A name another live worker holds is refused: exit
+code 2, the reason on stderr.
 
 Stopping it marks nothing: its beat stops, and the host counts as lost HOST_LOST_AFTER_S
 later. A worker whose name was taken over while it was lost (cut off) stops itself.
@@ -20,6 +22,7 @@ from django.db import connection, connections
 
 from hosts import live, registry
 from hosts.models import Host
+from jobs.backends.slurm import SLURM_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,13 @@ class Command(BaseCommand):
         stop = threading.Event()
         threading.Thread(target=beat_forever, args=(host, stop), name="host-beat",
                          daemon=True).start()
+        queues = [settings.CELERY_TASK_DEFAULT_QUEUE, host.queue]
+        if settings.SLURM_SUBMIT:  # this machine has Slurm's clients: it supervises Slurm jobs
+            queues.append(SLURM_QUEUE)
         try:
             app.worker_main([
                 "worker", "--loglevel", loglevel,
-                "--queues", f"{settings.CELERY_TASK_DEFAULT_QUEUE},{host.queue}",
+                "--queues", ",".join(queues),
                 "--concurrency", str(settings.CELERY_WORKER_CONCURRENCY),
                 # hosts find each other through the registry, not Celery's broadcasts
                 "--without-mingle", "--without-gossip",
