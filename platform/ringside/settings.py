@@ -362,7 +362,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State"},
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State",
+                            "DatasetStateEnum": "datasets.models.DatasetState",
+                            "SinkStateEnum": "monitor.sinks.models.SinkState"},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
