@@ -18,6 +18,8 @@ goes to exactly one cause, so productive + losses = wall:
   rollback), up to its `action` event;
 - `straggler`: per step, how much longer the slowest rank's compute took than the median of
   the other ranks' (its `ops` event): the time they waited for it, taken out of that step;
+- `data`: per step, the time it waited on its next batch (the `ops` event's data-wait share of
+  the step), taken out of that step;
 - `pause`: from the engine carrying out a pause (its `pause` action) until it runs again
   (warm) or until the job is queued again (cold);
 - `eval`: what an evaluated step's interval took beyond its `step_time`;
@@ -58,6 +60,7 @@ CAUSES: dict[str, str] = {
     "retrained": "steps trained again",
     "skipped": "skipped or retried updates",
     "straggler": "straggler wait",
+    "data": "waiting on data",
     "pause": "pauses",
     "eval": "evaluation",
 }
@@ -94,6 +97,7 @@ class Mark:
     action: str = ""
     by: str = ""
     wait_s: float = 0.0  # an ops event's straggler wait
+    data_s: float = 0.0  # an ops event's wait on data
 
     @property
     def ref(self) -> tuple[str, int]:
@@ -118,7 +122,8 @@ def event_mark(event: contract.Event) -> Mark | None:
     if isinstance(event, contract.StepEvent):
         return Mark(**at, step_time=event.step_time, evaluated=event.eval_loss is not None)
     if isinstance(event, contract.OpsEvent):
-        return Mark(**at, wait_s=straggler_wait(event.ranks))
+        return Mark(**at, wait_s=straggler_wait(event.ranks),
+                    data_s=max(0.0, event.data_wait_share) * max(0.0, event.step_ms) / 1000.0)
     if isinstance(event, contract.CheckpointEvent):
         return Mark(**at, blocking_s=max(0.0, event.blocking_s))
     if isinstance(event, contract.StateEvent):
@@ -255,11 +260,15 @@ class Ledger:
         self.mode = "train"
 
     def _ops(self, mark: Mark) -> None:
+        """Take the step's waits (on a straggler, on data) out of the time its step booked."""
         last = self.last_step
-        if mark.wait_s > 0 and last.get("step") == mark.step and last.get("seconds", 0) > 0:
-            moved = min(mark.wait_s, last["seconds"])
-            last["seconds"] -= moved
-            self._move(last["cause"], moved, "straggler", last["time"], mark.ref)
+        if last.get("step") != mark.step:
+            return
+        for cause, wait in (("straggler", mark.wait_s), ("data", mark.data_s)):
+            moved = min(wait, last.get("seconds", 0.0))
+            if moved > 0:
+                last["seconds"] -= moved
+                self._move(last["cause"], moved, cause, last["time"], mark.ref)
 
     def _checkpoint(self, mark: Mark) -> None:
         interval = max(0.0, mark.time - self.cursor)

@@ -16,7 +16,7 @@ const REDRAW_EVERY_MS = 1000;
 const COLORS = {
   productive: "#059669", queue: "#94a3b8", startup: "#64748b", checkpoint: "#0891b2",
   recovery: "#dc2626", retrained: "#ea580c", skipped: "#d97706", straggler: "#7c3aed",
-  pause: "#2563eb", eval: "#65a30d",
+  data: "#be185d", pause: "#2563eb", eval: "#65a30d",
 };
 
 const percent = (share) => `${(100 * share).toFixed(1)}%`;

@@ -57,8 +57,10 @@ class Timeline:
         return self.emit(t, "step", step, loss=2.0, grad_norm=1.0, lr=1e-3, tokens_per_s=1e3,
                          step_time=step_time, tokens=100 * step, memory={}, **fields)
 
-    def ops(self, t: float, step: int, compute_ms: list[float]) -> int:
-        return self.emit(t, "ops", step, step_ms=1000.0, void_share=0.0, data_wait_share=0.0,
+    def ops(self, t: float, step: int, compute_ms: list[float],
+            data_wait_share: float = 0.0) -> int:
+        return self.emit(t, "ops", step, step_ms=1000.0, void_share=0.0,
+                         data_wait_share=data_wait_share,
                          ops={}, ranks=[{"rank": r, "compute_ms": ms}
                                         for r, ms in enumerate(compute_ms)])
 
@@ -87,7 +89,8 @@ def a_full_run(job: Job) -> dict[str, list]:
     refs["startup"] = [tl.state_event(15, "running")]
     tl.move(15.5, "running", "engine")  # made while the engine runs: its events say more
     tl.step(16, 1)
-    refs["straggler"] = [tl.ops(16.01, 1, [500.0, 200.0])]  # 0.3 s waited for rank 0
+    # 0.3 s waited for rank 0, 0.1 s for the next batch
+    refs["straggler"] = refs["data"] = [tl.ops(16.01, 1, [500.0, 200.0], data_wait_share=0.1)]
     refs["eval"] = [tl.step(17, 2, step_time=0.6, eval_loss=2.1)]
     refs["checkpoint"] = [tl.checkpoint(17.5, 2, 0.3)]
     tl.step(18.5, 3)
@@ -119,9 +122,9 @@ def a_full_run(job: Job) -> dict[str, list]:
     return refs
 
 
-EXPECTED = {"productive": 7.7, "queue": 13.0, "startup": 9.7, "checkpoint": 0.8,
-            "recovery": 4.5, "retrained": 5.0, "skipped": 1.0, "straggler": 0.3, "pause": 16.6,
-            "eval": 0.4}
+EXPECTED = {"productive": 7.6, "queue": 13.0, "startup": 9.7, "checkpoint": 0.8,
+            "recovery": 4.5, "retrained": 5.0, "skipped": 1.0, "straggler": 0.3, "data": 0.1,
+            "pause": 16.6, "eval": 0.4}
 
 
 def test_every_cause_gets_the_seconds_its_events_bound_and_they_add_up_to_the_wall_clock(job):
@@ -131,8 +134,8 @@ def test_every_cause_gets_the_seconds_its_events_bound_and_they_add_up_to_the_wa
     assert ledger["wall_s"] == pytest.approx(59.0)
     assert ledger["closed"] and ledger["open"] is None
     assert sum(e["seconds"] for e in ledger["causes"].values()) == pytest.approx(59.0)
-    assert ledger["productive_s"] == pytest.approx(7.7)
-    assert ledger["goodput"] == pytest.approx(7.7 / 59)
+    assert ledger["productive_s"] == pytest.approx(7.6)
+    assert ledger["goodput"] == pytest.approx(7.6 / 59)
     assert sum(e["share"] for e in ledger["causes"].values()) == pytest.approx(1.0)
     assert list(ledger["causes"]) == list(CAUSES)  # productive first, then the losses
 
@@ -140,7 +143,7 @@ def test_every_cause_gets_the_seconds_its_events_bound_and_they_add_up_to_the_wa
 def test_each_cause_refers_to_the_events_and_transitions_behind_it(job):
     refs = a_full_run(job)
     causes = goodput.current(job.pk)["causes"]
-    for cause in ("startup", "straggler", "eval", "checkpoint", "skipped", "retrained",
+    for cause in ("startup", "straggler", "data", "eval", "checkpoint", "skipped", "retrained",
                   "recovery", "pause"):
         assert set(refs[cause]) <= set(causes[cause]["events"]), cause
     assert set(refs["pause_transitions"]) <= set(causes["pause"]["transitions"])
@@ -265,7 +268,7 @@ def test_the_summary_sums_the_users_jobs_over_the_hours_asked(api, job, user, sm
     body = api.get("/api/goodput/", {"since": since, "until": until}).json()
     assert (body["since"], body["until"]) == (T0, T0 + HOUR)
     assert [j["id"] for j in body["jobs"]] == [job.pk]
-    assert body["wall_s"] == pytest.approx(59.0) and body["goodput"] == pytest.approx(7.7 / 59)
+    assert body["wall_s"] == pytest.approx(59.0) and body["goodput"] == pytest.approx(7.6 / 59)
     assert {c: round(e["seconds"], 6) for c, e in body["causes"].items()} == EXPECTED
     both = api.get("/api/goodput/", {"since": since, "until": at(3 * HOUR).isoformat()}).json()
     assert [j["id"] for j in both["jobs"]] == [job.pk, later.pk]
