@@ -23,8 +23,8 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from time import perf_counter_ns
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any
 
 from engine.xputimer.ring import TimelineRing
