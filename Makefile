@@ -31,7 +31,7 @@ e2e: install
 # build an emulated cluster with network namespaces, so they need root.
 BENCHES := moe_layer moe_model loss_memory collectives paro checkpoint timing_overhead \
            api_latency worker_loss ingest_rate ws_fanout step_to_browser host_loss multi_host \
-           straggler large_run data sinks
+           straggler large_run data sinks slurm false_alarms
 
 bench: install
 	@mkdir -p bench/results

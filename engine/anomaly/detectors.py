@@ -183,7 +183,10 @@ class Detectors:
     def check_ops(self, step: int, aggregate: dict[str, Any]) -> list[Anomaly]:
         """Straggler: a rank whose compute time is far above the other ranks' (their median)
         while they wait for it in collectives; named again while it stays one for `persist`
-        steps."""
+        steps. The time a rank's training thread waited for a core (`cpu_wait_ms`) more than
+        the others did is not its compute: on cores shared with other processes one rank is
+        starved for a few steps now and then, which is the host's contention, not a slow rank
+        (a rank slowed by its own work, a sleep or a slower device waits on no run queue)."""
         t = self.thresholds["straggler"]
         rows = aggregate["ranks"]
         if len(rows) < 2:
@@ -192,7 +195,7 @@ class Detectors:
             self.compute, self.straggler_run, self.straggling, self.named_at = [], {}, [], {}
         if step <= t["warmup"]:
             return []
-        self.compute = (self.compute + [[r["compute_ms"] for r in rows]])[-int(t["window"]):]
+        self.compute = (self.compute + [_compute_ms(aggregate)])[-int(t["window"]):]
         if len(self.compute) < t["window"]:
             return []
         per_rank = [statistics.median(col) for col in zip(*self.compute, strict=True)]
@@ -272,6 +275,17 @@ class Detectors:
         self.named_at = {int(k): v for k, v in state.get("named_at", {}).items()}
         for name in self._PLAIN:
             setattr(self, name, copy.deepcopy(state[name]))
+
+
+def _compute_ms(aggregate: dict[str, Any]) -> list[float]:
+    """Each rank's compute time less the time it waited for a core beyond what the other
+    ranks waited (their median) in the same step: contention all ranks share stays in, so
+    the ranks are still compared on their whole step, but one rank starved by the host is
+    not thereby slow."""
+    rows = aggregate["ranks"]
+    waits = [r.get("cpu_wait_ms", 0.0) for r in rows]
+    return [max(0.0, r["compute_ms"] - max(0.0, waits[i] - statistics.median(
+        waits[:i] + waits[i + 1:]))) for i, r in enumerate(rows)]
 
 
 def _ewma(params: dict[str, float]) -> dict[str, float]:

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from engine.xputimer.timer import OpStats, StepTimings
 
-_RANK_FIELDS = ("new_names", "step_ms", "compute_ms", "comm_ms", "data_ms", "void_share")
+_RANK_FIELDS = ("new_names", "step_ms", "compute_ms", "comm_ms", "data_ms", "void_share",
+                "cpu_wait_ms")
 _OP_FIELDS = ("count", "total_ms", "max_call_ms", "work", "bus_bytes")
 
 
@@ -49,7 +50,7 @@ class OpAggregator:
         {step, step_ms, void_share, data_wait_share,
          ops: {name: {kind, count, mean_ms, total_ms, min_ms, median_ms, max_ms, max_call_ms,
                       slowest_rank, per_rank_ms, [tflops], [bytes, group, algo, busbw_gbps]}},
-         ranks: [{rank, step_ms, compute_ms, comm_ms, data_ms, void_share}],
+         ranks: [{rank, step_ms, compute_ms, comm_ms, data_ms, void_share, cpu_wait_ms}],
          [system: {field: [value of each rank]}]}
         total_ms is the mean over ranks of each rank's time in the op this step; min/median/
         max_ms and slowest_rank are across ranks. `system` is this rank's SystemSampler
@@ -66,7 +67,7 @@ class OpAggregator:
     def _row(self, timings: StepTimings, system: dict[str, float]) -> torch.Tensor:
         new = any(name not in self.meta for name in timings.ops)
         row = [float(new), timings.step_ms, timings.compute_ms, timings.comm_ms,
-               timings.data_ms, timings.void_share, *system.values()]
+               timings.data_ms, timings.void_share, timings.cpu_wait_ms, *system.values()]
         for name in self.names:
             s = timings.ops.get(name)
             row += ([s.count, s.total_ms, s.max_ms, s.flops or s.nbytes, s.bus_bytes]
@@ -131,7 +132,7 @@ class OpAggregator:
             ops[name] = entry
         per_rank = [{"rank": r, "step_ms": to_us(row[1]), "compute_ms": to_us(row[2]),
                      "comm_ms": to_us(row[3]), "data_ms": to_us(row[4]),
-                     "void_share": to_ppm(row[5])}
+                     "void_share": to_ppm(row[5]), "cpu_wait_ms": to_us(row[6])}
                     for r, row in zip(ranks, table, strict=True)]
         summary = {
             "step": step,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
@@ -182,6 +183,9 @@ class StepTimings:
     step_ms: float
     ops: dict[str, OpStats] = field(default_factory=dict)
     covered_ms: float = 0.0  # |union of top-level timed intervals|
+    # of step_ms, the time the training thread was runnable but waited for a core: the
+    # host's contention, not the rank's work (0 where the kernel does not tell)
+    cpu_wait_ms: float = 0.0
     sampled: bool = False  # whether this step's ops went into the timeline ring
 
     @property
@@ -238,6 +242,7 @@ class OpTimer:
         self._sampling = bool(sample_every and start_step % sample_every == 0)
         self.last_op = ""
         self.step_started_ns = perf_counter_ns()
+        self.step_started_wait_ns = _run_queue_wait_ns()
         self.returned_ns = 0  # when the training thread last came back from a timed op
         # perf_counter is per host; this offset turns it into wall-clock ns for the trace
         self.wall_offset_ns = time.time_ns() - perf_counter_ns()
@@ -285,13 +290,14 @@ class OpTimer:
     # -- step boundary ----------------------------------------------------------------------
     def step_end(self, step: int) -> StepTimings:
         """Close step `step`: account queued completions and return its timings."""
-        now = perf_counter_ns()
+        now, waited = perf_counter_ns(), _run_queue_wait_ns()
         completed = self._completed
         while completed:
             self._account(*completed.popleft())
         start = self.step_started_ns
         timings = StepTimings(self.rank, step, (now - start) / 1e6, sampled=self._sampling,
-                              covered_ms=_union_ns(self._intervals, start, now) / 1e6)
+                              covered_ms=_union_ns(self._intervals, start, now) / 1e6,
+                              cpu_wait_ms=(waited - self.step_started_wait_ns) / 1e6)
         for info in self._ops.values():
             if info.count:
                 timings.ops[info.name] = OpStats(
@@ -306,6 +312,7 @@ class OpTimer:
         self._step = step + 1
         self._sampling = bool(self.sample_every and self._step % self.sample_every == 0)
         self.step_started_ns = perf_counter_ns()
+        self.step_started_wait_ns = _run_queue_wait_ns()
         return timings
 
     @property
@@ -353,3 +360,15 @@ def _union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
             covered += b - a
             end = b
     return covered
+
+
+_SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def _run_queue_wait_ns() -> int:
+    """Nanoseconds the calling thread has spent runnable on a run queue, waiting for a core
+    (Linux's schedstat, second field); 0 where the kernel does not tell."""
+    try:
+        return int(_SCHEDSTAT.read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0

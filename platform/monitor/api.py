@@ -118,7 +118,7 @@ OPS_SAMPLE = inline_serializer("OpsSample", {
     "ops": serializers.DictField(child=OP),
     "ranks": serializers.ListField(child=serializers.DictField(), help_text=(
         "per rank: {rank, step_ms, compute_ms (step less collectives and data), comm_ms, "
-        "data_ms, void_share}")),
+        "data_ms, void_share, cpu_wait_ms (of step_ms, waiting for a core)}")),
 })
 
 

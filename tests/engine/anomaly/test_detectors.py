@@ -146,6 +146,33 @@ def test_straggler_names_the_slow_rank_within_10_steps():
     assert set(straggler.evidence["compute_ms_per_rank"]) == {0, 1, 2, 3}
 
 
+def starved_rows(rng: random.Random, starved: int, waited_ms: float) -> dict:
+    """Four ranks sharing busy cores: every rank waits ~50 ms a step for a core, `starved`
+    `waited_ms` more, and its step is longer by exactly that."""
+    rows = rank_rows(rng)
+    for row in rows["ranks"]:
+        extra = waited_ms if row["rank"] == starved else 0.0
+        row["cpu_wait_ms"] = 50 + 5 * rng.random() + extra
+        row["compute_ms"] += row["cpu_wait_ms"]
+    return rows
+
+
+def test_a_rank_starved_of_cpu_by_other_processes_is_not_a_straggler_and_a_slow_one_still_is():
+    """The time a rank waited for a core beyond the others' is the host's contention; a rank
+    slow at its own work (it waits no longer for a core than they do) is still named."""
+    detectors = Detectors()
+    rng = random.Random(0)
+    for step in range(1, 41):
+        assert detectors.check_ops(step, starved_rows(rng, starved=2, waited_ms=400)) == []
+    fired = []
+    for step in range(41, 61):
+        rows = starved_rows(rng, starved=2, waited_ms=400)
+        rows["ranks"][3]["compute_ms"] *= 3
+        fired += [(step, a) for a in detectors.check_ops(step, rows)]
+    ((step, straggler),) = fired
+    assert straggler.rank == 3 and step <= 40 + 10
+
+
 def test_a_straggler_that_stays_slow_is_named_again_every_persist_steps():
     detectors = Detectors(FaultPolicy(thresholds={"straggler": {"persist": 15}}))
     rng = random.Random(0)

@@ -181,7 +181,20 @@ def test_a_warm_paused_job_whose_worker_machine_is_lost_stays_paused_and_resumes
     pause.refresh_from_db()
     assert pause.state == "done"
 
+    Host.objects.filter(name=parts.host_name("second")).update(drained=False)
     resume = issue(job, CommandKind.RESUME, {}, actor="ada", cause=Cause.USER)
     job.refresh_from_db()
-    # resumable: queued again, to continue from that checkpoint
+    # resumable: queued again, to continue from that checkpoint on the other worker
     assert (resume.state, job.state) == ("done", State.QUEUED)
+    # placed, launched and trained from the checkpoint (step 100 or later) to the end: the
+    # first test's takeover and finish (30 + 60 s) for as many steps (a busy host's run was
+    # at step 594 of 600 after 90 s)
+    eventually(lambda: Job.objects.get(pk=job.pk).is_terminal, 120,
+               lambda: f"the resumed job did not finish ({Job.objects.get(pk=job.pk).state} at "
+                       f"step {Job.objects.get(pk=job.pk).step}); {parts.logs()}")
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED, job.error
+    resumed = [e.step for e in Event.objects.filter(job=job, type="log")
+               if e.data["message"].startswith("resumed at step")]
+    assert resumed == [newest.step]
+    assert_every_step_stored_once_as_last_trained(job)

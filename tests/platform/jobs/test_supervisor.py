@@ -19,7 +19,7 @@ from jobs.models import Cause, Command, Job, State
 from jobs.placement import place
 from jobs.supervisor import Supervisor
 from monitor.ingest import job_group
-from monitor.models import Action
+from monitor.models import Action, Anomaly
 from tests.platform.jobs.test_placement import host
 from tests.platform.jobs.test_placement import job as placed_job
 from tests.platform.jobs.test_steering import control_commands
@@ -188,12 +188,20 @@ def test_a_checkpoint_over_the_owners_storage_quota_pauses_the_job_and_deletes_n
     assert all(Checkpoint.objects.get(path=p).available for p in (kept, under, over))
 
 
-def paced_job(api, spec: dict, eventually, worker, procs: int) -> int:
+def paced_job(api, spec: dict, eventually, worker, procs: int,
+              restart_at: int | None = None) -> int:
     """A long nano job on `procs` ranks, paced (tests.policies), through the API, once it
-    trains."""
+    trains; with `restart_at`, a loss spike at that step that the policy answers by
+    restarting the ranks."""
     spec["train"]["steps"] = 100_000
     spec["parallel"] = {"nodes": 1, "procs_per_node": procs}
     spec["faults"] = paced(procs, factor=5)
+    if restart_at is not None:
+        spec["faults"]["inject"].append(
+            {"kind": "loss_spike", "step": restart_at, "rank": 0, "factor": 10.0})
+        policy = spec["faults"]["policy"]
+        spec["faults"]["policy"] = {**policy,
+                                    "actions": {**policy["actions"], "loss_spike": ["restart"]}}
     job_id = api.post("/api/jobs/", spec, format="json").json()["id"]
     eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
                f"job {job_id} made no progress; worker log: {worker.log_path}")
@@ -230,6 +238,22 @@ def test_a_pause_sent_while_the_ranks_restart_is_carried_out_by_the_new_ones(
     job = Job.objects.get(pk=job_id)
     assert Action.objects.filter(job=job, action="restart").exists()
     assert list(job.transitions.values_list("to_state", flat=True))[-2:] == ["pausing", "paused"]
+    assert api.post(f"/api/jobs/{job_id}/cancel/", {}, format="json").status_code == 202
+
+
+def test_a_pause_sent_while_the_policy_restarts_the_ranks_is_carried_out_by_the_new_ones(
+        api, celery_worker, small_spec, eventually):
+    job_id = paced_job(api, small_spec, eventually, celery_worker, procs=1, restart_at=8)
+    eventually(lambda: Action.objects.filter(job_id=job_id, action="restart").exists(), 120,
+               f"the policy did not restart the ranks; worker log: {celery_worker.log_path}")
+    assert api.post(f"/api/jobs/{job_id}/pause/", {}, format="json").status_code == 202
+    eventually(lambda: Job.objects.get(pk=job_id).state == State.PAUSED, 120,
+               f"the pause was not carried out; worker log: {celery_worker.log_path}")
+    assert settled(job_id) == ["done"]
+    job = Job.objects.get(pk=job_id)
+    assert list(job.transitions.values_list("to_state", flat=True))[-2:] == ["pausing", "paused"]
+    # a policy restart is not a crash: nothing says one happened
+    assert not Anomaly.objects.filter(job=job, kind="crash").exists()
     assert api.post(f"/api/jobs/{job_id}/cancel/", {}, format="json").status_code == 202
 
 
