@@ -4,27 +4,11 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
 from datasets.models import Dataset, DatasetState, prepared_folder
-from tests.platform.isolation.conftest import client_of
+from tests.platform.isolation.conftest import bob_api, client_of, staff, staff_api  # noqa: F401
 from tests.platform.isolation.test_paths import outside_paths  # noqa: F401 (a fixture)
 from tests.platform.ringside.test_client import ringside, token  # noqa: F401 (fixtures)
-
-
-@pytest.fixture
-def bob_api(other_user) -> APIClient:
-    return client_of(other_user)
-
-
-@pytest.fixture
-def staff(django_user_model):
-    return django_user_model.objects.create_user("root", password="pw-root-123", is_staff=True)
-
-
-@pytest.fixture
-def staff_api(staff) -> APIClient:
-    return client_of(staff)
 
 
 def manifest(vocab_size: int = 256, train: int = 100_000, heldout: int = 5_000) -> dict:

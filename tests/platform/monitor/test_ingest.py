@@ -23,18 +23,6 @@ from monitor.models import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
-
-
-@pytest.fixture
-def bus(platform_redis_url):
-    client = redis.Redis.from_url(platform_redis_url)
-    yield client
-    client.close()
-
-
 def publish_steps(job, url, steps):
     log = EventLog(str(job.pk), bus_url=url)
     for step in steps:

@@ -1,6 +1,5 @@
 """A job whose event stream holds what a short run publishes, read by its sinks."""
 
-import pytest
 import redis
 
 from engine.runtime.events import EventLog
@@ -13,18 +12,6 @@ EVAL_STEPS = (3, 6)
 SOURCES = ("web", "code")
 SERIES = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time", "source_loss.web",
           "source_loss.code")
-
-
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
-
-
-@pytest.fixture
-def bus(platform_redis_url):
-    client = redis.Redis.from_url(platform_redis_url)
-    yield client
-    client.close()
 
 
 def publish_run(job: Job, url: str, steps=STEPS) -> None:
