@@ -41,14 +41,14 @@ def test_every_bad_field_is_named():
         "name": "demo",
         "bogus": 1,
         "model": {"preset": "tiny", "hidden_sise": 3},
-        "train": {"steps": "ten", "dataset": {"kind": "parquet"}},
+        "train": {"steps": "ten", "dataset": {"kind": "csv"}},
         "parallel": {"collective": "mpi"},
     })
     assert errors == {
         "bogus": "unknown field",
         "model.hidden_sise": "unknown field",
         "train.steps": "must be an integer",
-        "train.dataset.kind": "must be one of: stdlib, text, jsonl",
+        "train.dataset.kind": "must be one of: stdlib, text, jsonl, parquet",
         "parallel.collective": "must be one of: native, ring, hier, horing",
     }
 

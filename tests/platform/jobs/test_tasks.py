@@ -94,7 +94,7 @@ def test_a_configuration_error_fails_the_job_at_once_with_the_engines_message(
     job = Job.objects.get(pk=job_id)
     assert job.state == State.FAILED
     # the user's own file is named, not scrubbed; nothing was retried
-    assert job.error.startswith(f"train.dataset.paths: {corpus}:1 is not JSON")
+    assert job.error.startswith(f"train.dataset.paths: {corpus} at byte 0 is not JSON")
     assert job.launches == 1 and job.transitions.last().cause == "engine"
 
 
