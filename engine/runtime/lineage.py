@@ -67,13 +67,14 @@ class Parent:
 
 
 class Lineage:
-    """One run's lineage; `record` gives a save's document."""
+    """One run's lineage, from `parent` (its `model.init_from`) if any; `record` gives a save's
+    document."""
 
-    def __init__(self, spec: JobSpec, sources: Sequence[MixSource]):
+    def __init__(self, spec: JobSpec, sources: Sequence[MixSource], parent: Parent | None = None):
         self.code_version, self.spec_sha256 = code_version(), spec_sha256(spec)
         self.sources = [{"name": s.name, "manifest_sha256": s.manifest_sha256,
                          "tokenizer_sha256": s.tokenizer_sha256} for s in sources]
-        self.parents: list[dict[str, Any]] = []
+        self.parents: list[dict[str, Any]] = parent.chain() if parent is not None else []
 
     def descend(self, parent: Parent) -> None:
         """From now on the timeline continues from `parent` (what came before it is its own)."""
