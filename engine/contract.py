@@ -439,6 +439,7 @@ class CheckpointEvent(Event):
     size_bytes: int
     strategy: str
     world_size: int
+    lineage: dict | None = None  # what made it: engine.runtime.lineage
 
 
 @dataclass(kw_only=True)

@@ -35,7 +35,7 @@ from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.checkpoint import CheckpointError, CheckpointReader
+from engine.checkpoint import CheckpointError, CheckpointInfo, CheckpointReader
 from engine.checkpoint.reader import resolve
 from engine.errors import SpecError
 from engine.moe.config import MoEConfig
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
 INDEX_FILE = "model.safetensors.index.json"
+LINEAGE_KEY = "ringside_lineage"  # config.json's: what made the model (engine.runtime.lineage)
 
 
 class ExportError(ValueError):
@@ -257,6 +258,7 @@ def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
             buffers = {k: torch.zeros_like(v) for k, v in buffers.items()}
         shards = _write_weights(reader, pieces, params, buffers, out, max_shard_size)
     hf_config.save_pretrained(out)
+    lineage = _add_lineage(out, info)
     _generation_config(hf_config).save_pretrained(out)
     tokenizer = _write_tokenizer(spec, out)
     summary = {
@@ -265,8 +267,52 @@ def export(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         "tensors": len(pieces), "parameters": sum(p.numel for p in pieces),
         "bytes": sum(p.numel * 4 for p in pieces), "shards": shards, "tokenizer": tokenizer,
     }
-    (out / "README.md").write_text(_readme(spec, summary))
+    (out / "README.md").write_text(_readme(spec, summary) + _lineage_section(lineage))
     return summary
+
+
+def _add_lineage(out: Path, info: CheckpointInfo) -> dict[str, Any] | None:
+    """The checkpoint's lineage into config.json (LINEAGE_KEY); None for a checkpoint saved
+    before lineages were recorded."""
+    lineage = info.meta.get("lineage")
+    if lineage is None:
+        return None
+    lineage = {**lineage, "checkpoint": str(info.path)}
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, LINEAGE_KEY: lineage}, indent=2,
+                                                sort_keys=True) + "\n")
+    return lineage
+
+
+def exported_lineage(model_dir: Path) -> dict[str, Any] | None:
+    """The lineage a Ringside export's config.json carries; None for any other folder."""
+    return json.loads((model_dir / "config.json").read_text()).get(LINEAGE_KEY)
+
+
+def _lineage_section(lineage: dict[str, Any] | None) -> str:
+    if lineage is None:
+        return "## Lineage\n\nNot recorded: the checkpoint predates lineage records.\n"
+    sources = [f"- source `{s['name']}`: {s['tokens']:,} tokens trained on; dataset manifest "
+               f"sha256 `{s['manifest_sha256'] or 'none (in memory)'}`, tokenizer sha256 "
+               f"`{s['tokenizer_sha256'] or 'none'}`" for s in lineage["sources"]]
+    parents = [f"{i}. {p['kind']} from `{p['path']}`"
+               + (f" (step {p['step']})" if p["step"] is not None else "")
+               for i, p in enumerate(lineage["parents"], 1)]
+    return "\n".join([
+        "## Lineage",
+        "",
+        f"What made this model (also in `config.json` under `{LINEAGE_KEY}`):",
+        "",
+        f"- checkpoint `{lineage['checkpoint']}`, step {lineage['step']}",
+        f"- code version `{lineage['code_version']}`",
+        f"- job spec sha256 `{lineage['spec_sha256']}`",
+        *sources,
+        "",
+        "Parents, newest first:" if parents else "No parent: trained from scratch.",
+        "",
+        *parents,
+        "",
+    ])
 
 
 def _write_weights(reader: CheckpointReader, pieces: list[Piece], params: dict,

@@ -173,7 +173,8 @@ class Checkpointer:
         return [d for d in (self.memory_dir, self.directory) if d is not None]
 
     def save(
-        self, step: int, tensors: ShardedState, extras: Any = None, *, to_disk: bool = True
+        self, step: int, tensors: ShardedState, extras: Any = None, *, to_disk: bool = True,
+        meta: dict[str, Any] | None = None,
     ) -> float:
         """Snapshot this rank's shards and extras for `step`; returns the seconds it blocked.
 
@@ -181,7 +182,8 @@ class Checkpointer:
         (same steps, same `to_disk`). The shards may be changed as soon as this returns.
         `extras` is any picklable object of this rank (step, schedule, data position, RNG
         states, detector state), by default `{name: part.state_dict()}` of the `parts`;
-        `to_disk=False` writes the memory tier only.
+        `to_disk=False` writes the memory tier only; `meta`, facts of this save alone (its
+        lineage), joins the checkpointer's in the manifest.
         """
         started = time.perf_counter()
         self._raise_if_failed()
@@ -223,7 +225,7 @@ class Checkpointer:
                 shards=shards,
                 extras={"byte_offset": extras_at, "nbytes": len(extras_bytes)},
                 to_disk=to_disk,
-                meta=self.meta,
+                meta={**self.meta, **(meta or {})},
                 time=time.time(),
             )
         )

@@ -10,6 +10,7 @@ a DataError, never silent garbage); `verify=True` also checks every checksum (xx
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -184,9 +185,9 @@ class PreparedDataset:
     """A prepared dataset's manifest and splits; `open` it."""
 
     def __init__(self, where: Location, manifest: dict, roots: Sequence[str], field: str,
-                 name: str):
+                 name: str, manifest_sha256: str = ""):
         self.where, self.manifest, self.roots, self.field = where, manifest, roots, field
-        self.name = name
+        self.name, self.manifest_sha256 = name, manifest_sha256
         self._listings: dict[Location, dict[str, int]] = {}
         tokenizer = manifest["tokenizer"]
         self.vocab_size: int = tokenizer["vocab_size"]
@@ -206,14 +207,15 @@ class PreparedDataset:
         if roots and isinstance(where, Path):
             where = Path(os.path.realpath(where))
         try:
-            manifest = json.loads(_read_confined(where / MANIFEST, roots, field))
+            text = _read_confined(where / MANIFEST, roots, field)
+            manifest = json.loads(text)
         except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError) as e:
             raise DataError(f"{field}: {path_or_url} holds no prepared dataset (no whole "
                             f"{MANIFEST}: not prepared, or its prepare has not finished)") from e
         if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
             raise DataError(f"{field}: {path_or_url} is not a dataset this engine reads "
                             f"(format {manifest.get('format')} {manifest.get('version')})")
-        dataset = cls(where, manifest, roots, field, name)
+        dataset = cls(where, manifest, roots, field, name, hashlib.sha256(text).hexdigest())
         if verify:
             dataset.verify()
         return dataset
@@ -224,7 +226,8 @@ class PreparedDataset:
     def source(self, name: str = "", weight: float = 1.0) -> MixSource:
         return MixSource(name=name or self.name, weight=weight, train=self.split("train"),
                          heldout=self.split("heldout"), vocab_size=self.vocab_size,
-                         eod=self.eod)
+                         eod=self.eod, manifest_sha256=self.manifest_sha256,
+                         tokenizer_sha256=self.manifest["tokenizer"].get("sha256", ""))
 
     def verify(self) -> None:
         """Every shard's checksum; DataError naming the first that does not match."""

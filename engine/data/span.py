@@ -51,3 +51,7 @@ class MixSource:
     heldout: TokenSpan
     vocab_size: int  # the tokenizer's
     eod: int | None  # the end-of-document token; None where documents are not delimited
+    # what the run's lineage names it by (engine.runtime.lineage): sha256 of the prepared
+    # dataset's manifest.json bytes and its tokenizer's; empty for in-memory spans
+    manifest_sha256: str = ""
+    tokenizer_sha256: str = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from engine.checkpoint.store import Location, exists, location
 from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
 from engine.paro import ShardedDataParallel
 from engine.runtime.commands import CommandRefused
+from engine.runtime.lineage import Lineage, Parent
 from engine.runtime.state import TrainState
 from engine.xputimer import OpTimer
 
@@ -27,9 +29,10 @@ class TrainCheckpoints:
     snapshot is also held by the next host (`engine.checkpoint.replica`)."""
 
     def __init__(self, ckpt: Checkpointer, dp: ShardedDataParallel, state: TrainState,
-                 timer: OpTimer, emit: Callable[[Event], None], hosts: int = 1,
-                 replicas: bool = False):
+                 timer: OpTimer, emit: Callable[[Event], None], lineage: Lineage,
+                 hosts: int = 1, replicas: bool = False):
         self.ckpt, self.dp, self.state, self.timer, self.emit = ckpt, dp, state, timer, emit
+        self.lineage = lineage
         state.settings.checkpointer = ckpt  # a `set` of checkpoint.* changes its schedule
         self.ranks_per_host = ckpt.world_size // hosts
         self.ring: ReplicaRing | None = None
@@ -40,8 +43,10 @@ class TrainCheckpoints:
 
     def save(self, to_disk: bool = True) -> Location:
         shards = self.dp.sharded_state()
+        lineage = self.lineage.record(self.state.step, self.state.source_tokens)
         with self.timer.op("checkpoint", kind="host"):  # the blocking part: the copy to host
-            blocking_s = self.ckpt.save(self.state.step, shards, to_disk=to_disk)
+            blocking_s = self.ckpt.save(self.state.step, shards, to_disk=to_disk,
+                                        meta={"lineage": lineage})
         directory = self.ckpt.directory if to_disk else self.ckpt.memory_dir
         path = directory / step_dir_name(self.state.step)
         self.emit(CheckpointEvent(
@@ -49,6 +54,7 @@ class TrainCheckpoints:
             blocking_s=blocking_s,
             size_bytes=sum(length * t.element_size() for t, _, length in shards.values()),
             strategy=self.ckpt.meta["strategy"], world_size=self.ckpt.world_size,
+            lineage=lineage,
         ))
         return path
 
@@ -67,10 +73,20 @@ class TrainCheckpoints:
         self.ckpt.wait()
         dist.barrier()
 
-    def load(self, reader: CheckpointReader) -> None:
-        """Take the whole training state from an open checkpoint (any layout)."""
+    def load(self, reader: CheckpointReader, kind: str | None = None) -> None:
+        """Take the whole training state from an open checkpoint (any layout); the timeline
+        continues from it, as `kind` says (by default "resume" from this run's own tiers,
+        else "clone")."""
         self.dp.load_sharded_state(reader.read)
         self.ckpt.load_parts(reader)
+        info = reader.info
+        self.lineage.descend(Parent(kind or self._resume_kind(info.path), str(info.path),
+                                    info.step, info.meta.get("lineage")))
+
+    def _resume_kind(self, path: Location) -> str:
+        """"resume" for a checkpoint in this run's own tiers, else "clone" (another job's)."""
+        return "resume" if _folder_of(path) in {_folder_of(t / "x") for t in self.ckpt.tiers} \
+            else "clone"
 
     def resume(self, sources: list[str | os.PathLike[str]]) -> None:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
@@ -131,7 +147,7 @@ class TrainCheckpoints:
         # checkpoint does not: only the detectors go back
         ladder, settings = state.faults.ladder.state_dict(), state.settings.state_dict()
         with CheckpointReader(target) as reader:
-            self.load(reader)
+            self.load(reader, kind="rollback")
         state.faults.ladder.load_state_dict(ladder)
         if keep_settings:
             state.settings.load_state_dict(settings)
@@ -157,3 +173,8 @@ def _any_rank(flag: bool) -> bool:
     value = torch.tensor([int(flag)])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def _folder_of(path: Location) -> str:
+    """The folder holding `path`, spelled alike for a local path (resolved) and a URL."""
+    return str(path.resolve().parent) if isinstance(path, Path) else str(path).rpartition("/")[0]

@@ -23,23 +23,32 @@ from engine.checkpoint import CheckpointError, CheckpointReader
 from engine.checkpoint.reader import resolve
 from engine.contract import Event, LogEvent
 from engine.errors import SpecError
-from engine.export import ExportError, checkpoint_buffers, load_hf, model_layout
+from engine.export import (
+    ExportError,
+    checkpoint_buffers,
+    exported_lineage,
+    load_hf,
+    model_layout,
+)
 from engine.moe.config import MoEConfig
 from engine.runtime.confine import resolve as resolve_confined
+from engine.runtime.lineage import Parent
 from engine.runtime.spec import JobSpec, parse_spec
 
 
-def load_weights(spec: JobSpec, model: nn.Module, emit: Callable[[Event], None]) -> None:
-    """Load `model.init_from` into `model` (fp32 values into its dtype) and log it; nothing
-    without a source. SpecError naming the field for a missing or unusable source,
-    ExportError naming each tensor that does not fit."""
+def load_weights(spec: JobSpec, model: nn.Module, emit: Callable[[Event], None]
+                 ) -> Parent | None:
+    """Load `model.init_from` into `model` (fp32 values into its dtype) and log it; the
+    lineage's parent it names, None without a source. SpecError naming the field for a missing
+    or unusable source, ExportError naming each tensor that does not fit."""
     if not spec.init.init_from:
-        return
-    loaded = _load(_source(spec), spec, model)
+        return None
+    loaded, parent = _load(_source(spec), spec, model)
     emit(LogEvent(step=0, level="info", message=f"initialised with {loaded}"))
+    return parent
 
 
-def _load(path: Path, spec: JobSpec, model: nn.Module) -> str:
+def _load(path: Path, spec: JobSpec, model: nn.Module) -> tuple[str, Parent]:
     if not path.exists():
         raise SpecError({"model.init_from": f"no such file or directory: {path}"})
     if (path / "config.json").exists():
@@ -48,7 +57,9 @@ def _load(path: Path, spec: JobSpec, model: nn.Module) -> str:
                                                      "optimizer state"})
         state = load_hf(path, spec.model)
         model.load_state_dict(state, strict=False)  # no MTP layers in Glm4Moe: ours stay fresh
-        return f"Hugging Face weights from {path}"
+        lineage = exported_lineage(path)  # a Ringside export's, None for others
+        return f"Hugging Face weights from {path}", Parent(
+            "init_from", str(path), lineage and lineage.get("step"), lineage)
     with _open(path) as reader:
         _check_layout(reader, spec.model)
         flat = reader.read("params", 0, reader.tensors["params"]["length"])
@@ -58,7 +69,9 @@ def _load(path: Path, spec: JobSpec, model: nn.Module) -> str:
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         model.load_state_dict(checkpoint_buffers(reader), strict=False)
-        return f"the weights of checkpoint {reader.info.path}"
+        info = reader.info
+        return f"the weights of checkpoint {info.path}", Parent(
+            "init_from", str(info.path), info.step, info.meta.get("lineage"))
 
 
 class HasShards(Protocol):

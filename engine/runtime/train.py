@@ -33,6 +33,7 @@ from engine.runtime.distributed import init_distributed, local_world_size, param
 from engine.runtime.events import EventLog
 from engine.runtime.hangs import HangReports
 from engine.runtime.init_from import load_optimizer, load_weights
+from engine.runtime.lineage import Lineage
 from engine.runtime.rerun import RngState, attribute, gather_losses, restore_rng, rng_state
 from engine.runtime.response import (
     Apply,
@@ -54,7 +55,8 @@ from engine.xputimer import HangWatchdog, MetricsServer, OpTimer, StepTimings
 
 class Trainer:
     """One rank's training run. `resume_from` names checkpoint folders to continue from (the
-    newest good checkpoint in them wins; its layout may differ from this run's)."""
+    newest good checkpoint in them wins; its layout may differ from this run's; a resumed run's
+    own checkpoint wins over `model.init_from`)."""
 
     def __init__(
         self, spec: JobSpec, run_dir: Path, events: EventLog | None = None,
@@ -76,8 +78,7 @@ class Trainer:
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = cast_parameters(MoEModel(spec.model).to(self.device),
                                      param_dtype(self.device))
-        if not resume_from:  # a resumed run's own checkpoint wins over model.init_from
-            load_weights(spec, self.model, self.emit)
+        init_parent = None if resume_from else load_weights(spec, self.model, self.emit)
         # every rank times its own ops and runs the detectors; aggregation and decisions are
         # collective, so all ranks act alike
         self.timer = OpTimer(self.rank, backend=self.device.type, sample_every=t.trace_every)
@@ -87,8 +88,9 @@ class Trainer:
         )
         self.faults = FaultManager(policy, self.rank, hosts=p.hosts)
         self.state = TrainState(self.model, self.dp, self.loader, self.faults, spec)
+        lineage = Lineage(spec, self.loader.sources, init_parent)
         self.checkpoints = TrainCheckpoints(self._checkpointer(), self.dp, self.state, self.timer,
-                                            self.emit, p.hosts, spec.checkpoint.replicas)
+                                            self.emit, lineage, p.hosts, spec.checkpoint.replicas)
         self.telemetry = Telemetry(
             self.model, self.dp, self.timer, top_k=spec.model.num_experts_per_tok,
             world_size=self.world_size, device=self.device, run_dir=run_dir, emit=self.emit,

@@ -29,8 +29,8 @@ from engine.xputimer.prometheus import CONTENT_TYPE, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
-from monitor import goodput
-from monitor.models import Event
+from monitor import goodput, lineage
+from monitor.models import Checkpoint, Event
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -345,3 +345,31 @@ class GoodputMetricsView(APIView):
                 .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
                 .select_related("owner", "goodput").order_by("id"))
         return HttpResponse(render_goodput(jobs, now), content_type=CONTENT_TYPE)
+
+
+PARENT = inline_serializer("LineageParent", {
+    "kind": serializers.CharField(help_text='"resume", "clone", "rollback" or "init_from"'),
+    "path": serializers.CharField(), "step": serializers.IntegerField(allow_null=True),
+    "checkpoint": serializers.IntegerField(allow_null=True, help_text=(
+        "its checkpoint id; null where it is no checkpoint of a job you may see")),
+    "job": serializers.IntegerField(allow_null=True),
+})
+
+
+class CheckpointLineageView(APIView):
+    @extend_schema(
+        responses={200: inline_serializer("CheckpointLineage", {
+            "checkpoint": serializers.IntegerField(), "job": serializers.IntegerField(),
+            "step": serializers.IntegerField(), "path": serializers.CharField(),
+            "lineage": serializers.DictField(allow_null=True, help_text=(
+                "as the engine recorded it: code_version, spec_sha256, sources (name, "
+                "manifest_sha256, tokenizer_sha256, tokens), parents; null for a checkpoint "
+                "saved before lineages")),
+            "parents": serializers.ListField(child=PARENT, help_text="newest first")}),
+            **ERRORS},
+        description="What made the checkpoint: code, spec, data and the checkpoints it came "
+                    "from (rollback, clone, init_from, resume), each resolved to its id.")
+    def get(self, request: Request, checkpoint_id: int) -> Response:
+        checkpoint = get_object_or_404(Checkpoint.objects.filter(
+            job__in=visible_jobs(request.user)), pk=checkpoint_id)
+        return Response(lineage.resolved(checkpoint, request.user))

@@ -216,7 +216,8 @@ def _rows(job_id: int, events: list[dict[str, Any]],
                                  (e.anomaly or "")[:32], json_text(details)))
         elif isinstance(e, contract.CheckpointEvent):
             rows[Checkpoint].append((*at, e.path[:1024], e.tier[:16], e.size_bytes,
-                                     e.strategy[:8], e.world_size, _number(e.blocking_s)))
+                                     e.strategy[:8], e.world_size, _number(e.blocking_s),
+                                     None if e.lineage is None else json_text(e.lineage)))
     return rows
 
 
@@ -231,7 +232,8 @@ def _expert_load(job_id: int, e: contract.ExpertsEvent) -> tuple:
 EVENT_ROW_COLUMNS = {
     Anomaly: ("kind", "severity", "rank", "evidence"),
     Action: ("action", "by", "command", "anomaly", "details"),
-    Checkpoint: ("path", "tier", "size_bytes", "strategy", "world_size", "blocking_s"),
+    Checkpoint: ("path", "tier", "size_bytes", "strategy", "world_size", "blocking_s",
+                 "lineage"),
 }
 
 

@@ -164,6 +164,8 @@ class Checkpoint(models.Model):
     strategy = models.CharField(max_length=8, blank=True)
     world_size = models.PositiveIntegerField(null=True)
     blocking_s = models.FloatField(null=True, help_text="how long training waited for it")
+    lineage = models.JSONField(null=True, help_text="what made it (engine.runtime.lineage); "
+                                                    "null for one saved before lineages")
 
     @property
     def available(self) -> bool:

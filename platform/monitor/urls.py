@@ -5,6 +5,7 @@ from django.urls import path
 
 from monitor.api import (
     BadBatchesView,
+    CheckpointLineageView,
     ExpertsView,
     GoodputMetricsView,
     GoodputSummaryView,
@@ -17,6 +18,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/ops/history/", OpsHistoryView.as_view(), name="job-ops-history"),
     path("jobs/<int:job_id>/experts/", ExpertsView.as_view(), name="job-experts"),
     path("jobs/<int:job_id>/bad-batches/", BadBatchesView.as_view(), name="job-bad-batches"),
+    path("checkpoints/<int:checkpoint_id>/lineage/", CheckpointLineageView.as_view(),
+         name="checkpoint-lineage"),
     path("goodput/", GoodputSummaryView.as_view(), name="goodput-summary"),
     path("goodput/metrics/", GoodputMetricsView.as_view(), name="goodput-metrics"),
 ]

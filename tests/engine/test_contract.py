@@ -58,7 +58,10 @@ SAMPLES = [
     ActionEvent(step=9, action="rollback", by="command", command="12",
                 details={"from_step": 9, "to_step": 5, "skip_data": True}),
     CheckpointEvent(step=10, path="/runs/1/checkpoints/step-000010", tier="disk",
-                    blocking_s=0.01, size_bytes=4096, strategy="NNN", world_size=2),
+                    blocking_s=0.01, size_bytes=4096, strategy="NNN", world_size=2,
+                    lineage={"spec_sha256": "9f2c", "parents": [
+                        {"kind": "rollback", "path": "/runs/1/checkpoints/step-000005",
+                         "step": 5}]}),
     LogEvent(step=10, level="info", message="resumed", details={"trace": "t.json"}),
     MembershipEvent(step=40, hosts_before=["a", "b"], hosts_after=["a"], world_size=2,
                     reason="host b lost"),

@@ -1,8 +1,10 @@
 // The job page's exports: an Export button per disk checkpoint; a worker writes the Hugging Face
 // model folder, and the row shows the export's state, then its folder (or the error). Only an
-// export under way is followed, by GET on its URL once a second.
+// export under way is followed, by GET on its URL once a second. Each row opens to the
+// checkpoint's lineage (lineage.js).
 import { api } from "./api.js";
 import { el, errorText } from "./format.js";
+import { lineageRow } from "./lineage.js";
 
 const UNDER_WAY = new Set(["pending", "running"]);
 const FOLLOW_MS = 1000;
@@ -41,7 +43,8 @@ export class Exports {
       `step ${checkpoint.step} `,
       el("button", { class: "export", disabled: busy, onclick: () => this.start(checkpoint) }, "Export"),
       record ? el("span", { class: `export-state export-${record.state}` },
-                  ` ${record.state}${detail ? `: ${detail}` : ""}`) : "");
+                  ` ${record.state}${detail ? `: ${detail}` : ""}`) : "",
+      lineageRow(checkpoint));
   }
 
   remember(checkpoint, record) {
