@@ -20,10 +20,10 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from engine.contract import STRATEGIES
+from engine.data.loader import split_evenly
 from engine.horing.topology import Topology
 from engine.paro import ShardedDataParallel, parse_strategy
 from engine.ports import free_port
-from engine.data.loader import split_evenly
 from tests.engine.ranks import run_ranks
 
 STEPS, MICRO_BATCH, SEQ, VOCAB = 5, 2, 8, 37

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from engine.data.cache import prepared
-from engine.errors import SpecError
+from engine.errors import DataError, SpecError
 from engine.export import ExportError, _write_tokenizer
 from engine.runtime.confine import NO_MATCH, OUTSIDE, expand, open_confined, resolve
-from engine.errors import DataError
 from engine.runtime.init_from import load_weights
 from engine.runtime.spec import DatasetSpec, parse_spec
 from tests.engine.runtime.test_init_from import save_checkpoint, spec_for, trained

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.anomaly.policy import DEFAULTS
-from engine.runtime.commands import CommandRefused
 from engine.data.loader import TokenLoader
+from engine.runtime.commands import CommandRefused
 from engine.runtime.rebalance import PINNED, Rebalancer, proportional_shares
 from tests.engine.runtime.test_train import losses, run
 
