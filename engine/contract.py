@@ -165,6 +165,17 @@ class Command:
 
 # -- events --------------------------------------------------------------------------------
 
+class Header(StrEnum):
+    """The keys every event's wire form begins with, in this order (the order every reader of
+    a run's events.jsonl has seen)."""
+
+    TYPE = "type"
+    JOB = "job"
+    STEP = "step"
+    TIME = "time"
+    SEQ = "seq"
+
+
 @dataclass(kw_only=True)
 class Event:
     """Fields every event has. `job`, `time` and `seq` are stamped by the event log."""
@@ -323,6 +334,26 @@ class ExpertsEvent(Event):
     layers: list
 
 
+class AnomalyKind(StrEnum):
+    """What an `anomaly` event found: the engine's detectors' kinds (engine.anomaly, each
+    answered by a rung of the fault ladder), then those only reported."""
+
+    NAN = "nan"
+    LOSS_SPIKE = "loss_spike"
+    GRAD_SPIKE = "grad_spike"
+    THROUGHPUT_DROP = "throughput_drop"
+    STRAGGLER = "straggler"
+    HANG = "hang"
+    EXPERT_COLLAPSE = "expert_collapse"
+    MEMORY_GROWTH = "memory_growth"
+    CRASH = "crash"
+    SDC_SUSPECT = "sdc_suspect"
+    # reported only: a host the platform lost (its ranks restart elsewhere), a checkpoint that
+    # failed its checksums on load (the next older one is loaded instead)
+    HOST_LOST = "host_lost"
+    CHECKPOINT_CORRUPT = "checkpoint_corrupt"
+
+
 @dataclass(kw_only=True)
 class AnomalyEvent(Event):
     """What a detector found; `rank` None for a global signal."""
@@ -337,6 +368,30 @@ class AnomalyEvent(Event):
 class ActionBy(StrEnum):
     POLICY = "policy"  # the engine's fault ladder
     COMMAND = "command"  # a command from a person or the platform
+
+
+class ActionName(StrEnum):
+    """What an `action` event did: a rung of the fault ladder (weakest to strongest, the order
+    engine.anomaly.policy ranks them in), a command carried out (its kind), or a command
+    refused."""
+
+    OBSERVE = "observe"
+    RESUME = "resume"
+    REBALANCE = "rebalance"
+    RERUN = "rerun"
+    SKIP_UPDATE = "skip_update"
+    RETRY_STEP = "retry_step"
+    LR_CUT = "lr_cut"
+    CHECKPOINT = "checkpoint"
+    ROLLBACK = "rollback"
+    RESHARD = "reshard"
+    EXCLUDE = "exclude"
+    RESTART = "restart"
+    PAUSE = "pause"
+    CANCEL = "cancel"
+    SET = "set"
+    DECIDE = "decide"
+    REFUSED = "refused"
 
 
 @dataclass(kw_only=True)
@@ -358,7 +413,7 @@ class ActionEvent(Event):
 
     @property
     def refused(self) -> bool:
-        return self.action == "refused"
+        return self.action == ActionName.REFUSED
 
 
 class Choice(StrEnum):
@@ -428,6 +483,14 @@ class BadBatchEvent(Event):
     samples: list
     windows: list
     evidence: dict = field(default_factory=dict)
+
+
+class CheckpointTier(StrEnum):
+    """Where a checkpoint (its `checkpoint` event's `tier`) is kept: this host's RAM (fast,
+    lost with the host) or the disk or object store (checkpoint_dir)."""
+
+    MEMORY = "memory"
+    DISK = "disk"
 
 
 @dataclass(kw_only=True)

@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("nan", "loss_spike", "grad_spike", "throughput_drop", "straggler", "hang",
-         "expert_collapse", "memory_growth", "crash", "sdc_suspect")
+from engine.contract import AnomalyKind
+
+# the kinds the detectors find and the fault ladder answers, in the order it decides them; the
+# others (a lost host, a corrupt checkpoint) are reported by the platform and the loader only
+REPORTED_ONLY = frozenset({AnomalyKind.HOST_LOST, AnomalyKind.CHECKPOINT_CORRUPT})
+KINDS = tuple(kind for kind in AnomalyKind if kind not in REPORTED_ONLY)
 SEVERITIES = ("warning", "error", "critical")
 
 
@@ -36,4 +40,4 @@ class Anomaly:
 
 def crash_anomaly(step: int, rank: int, exit_code: int, **evidence: Any) -> Anomaly:
     """What the launcher reports when rank `rank` exits with a non-zero code."""
-    return Anomaly("crash", "critical", step, rank, {"exit_code": exit_code, **evidence})
+    return Anomaly(AnomalyKind.CRASH, "critical", step, rank, {"exit_code": exit_code, **evidence})

@@ -27,6 +27,7 @@ from typing import Any
 
 from engine.anomaly.anomaly import Anomaly
 from engine.anomaly.policy import FaultPolicy, policy_thresholds
+from engine.contract import AnomalyKind
 
 
 class EwmaZ:
@@ -124,11 +125,12 @@ class Detectors:
         bad = {name: value for name, value in (("loss", loss), ("grad_norm", grad_norm))
                if value is not None and not math.isfinite(value)}
         if bad:
-            found.append(Anomaly("nan", "critical", step, self.rank if "loss" in bad else None,
-                                 {**{k: str(v) for k, v in bad.items()}, "threshold": "finite"}))
+            rank = self.rank if "loss" in bad else None
+            evidence = {**{k: str(v) for k, v in bad.items()}, "threshold": "finite"}
+            found.append(Anomaly(AnomalyKind.NAN, "critical", step, rank, evidence))
         else:
-            for kind, ewma, value, rank in (("loss_spike", self.loss, loss, self.rank),
-                                            ("grad_spike", self.grad, grad_norm, None)):
+            for kind, ewma, value, rank in ((AnomalyKind.LOSS_SPIKE, self.loss, loss, self.rank),
+                                            (AnomalyKind.GRAD_SPIKE, self.grad, grad_norm, None)):
                 if value is None:
                     continue
                 evidence = ewma.update(value)
@@ -156,7 +158,7 @@ class Detectors:
         self.throughput_low = low
         if not fired:
             return []
-        return [Anomaly("throughput_drop", "warning", step, None, {
+        return [Anomaly(AnomalyKind.THROUGHPUT_DROP, "warning", step, None, {
             "tokens_per_s": current, "best_tokens_per_s": self.best_throughput,
             "ratio": ratio, "threshold": t["ratio"], "window": window})]
 
@@ -175,7 +177,7 @@ class Detectors:
         self.memory_fired = growing
         if not fired:
             return []
-        return [Anomaly("memory_growth", "warning", step, self.rank, {
+        return [Anomaly(AnomalyKind.MEMORY_GROWTH, "warning", step, self.rank, {
             "window_means_bytes": list(w), "min_growth": t["min_growth"],
             "windows": t["windows"], "window": t["window"]})]
 
@@ -212,7 +214,7 @@ class Detectors:
                 if not persisting:
                     self.straggling.append(rank)
                 self.named_at[rank] = step
-                found.append(Anomaly("straggler", "error", step, rank, {
+                found.append(Anomaly(AnomalyKind.STRAGGLER, "error", step, rank, {
                     "persisting": persisting,
                     "score": score, "threshold": t["score"], "compute_ms": per_rank[i],
                     "median_compute_ms": typical,
@@ -249,7 +251,7 @@ class Detectors:
             collapsed = mean_entropy < t["entropy"] or dead >= t["dead_share"] * n
             if collapsed and key not in self.collapsed:
                 self.collapsed.append(key)
-                found.append(Anomaly("expert_collapse", "error", step, None, {
+                found.append(Anomaly(AnomalyKind.EXPERT_COLLAPSE, "error", step, None, {
                     "layer": key, "load_entropy": mean_entropy, "entropy_threshold": t["entropy"],
                     "dead_experts": dead, "dead_share_threshold": t["dead_share"],
                     "max_violation": max(counts) / (total / n) - 1, "window": window}))

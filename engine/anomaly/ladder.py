@@ -39,6 +39,7 @@ from typing import Any
 from engine.anomaly.anomaly import KINDS, Anomaly
 from engine.anomaly.policy import ACTIONS, FaultPolicy, policy_ladders
 from engine.anomaly.policy import LADDER_ACTIONS as LADDER_ACTIONS  # re-exported for the platform
+from engine.contract import ActionBy, ActionName, AnomalyKind
 
 
 @dataclass
@@ -54,15 +55,15 @@ class Decision:
     def event_fields(self) -> dict[str, Any]:
         """The decision's fields as its `action` event carries them on the wire."""
         return {"action": self.action, "anomaly": self.anomaly, "rung": self.rung,
-                "rank": self.rank, "by": "policy", "reason": self.reason, **self.params}
+                "rank": self.rank, "by": ActionBy.POLICY, "reason": self.reason, **self.params}
 
 
 def cannot_help(action: str, kind: str, hosts: int) -> str | None:
     """Why the rung `action` cannot help against an anomaly of `kind` in a job on `hosts`
     hosts; None when it may. A rung that cannot help is skipped."""
-    if action == "exclude" and hosts < 2:
+    if action == ActionName.EXCLUDE and hosts < 2:
         return "the job runs on one host, with no other to move to"
-    if action == "restart" and kind == "straggler":
+    if action == ActionName.RESTART and kind == AnomalyKind.STRAGGLER:
         return "the ranks restart on the same hosts, where the straggler stays slow"
     return None
 
@@ -113,7 +114,7 @@ class ResponseLadder:
         if not repeat:
             self.attention.pop(kind, None)
         elif kind in self.attention:  # a person was asked; until then what is in force holds
-            return Decision("observe", kind, step, self.rung[kind], anomaly.rank,
+            return Decision(ActionName.OBSERVE, kind, step, self.rung[kind], anomaly.rank,
                             f"needs attention (asked at step {self.attention[kind]})")
         rung = self.rung.get(kind, -1) + 1 if repeat else 0
         reasons = ["repeat within the window" if repeat and rung else "first occurrence"]
@@ -129,33 +130,33 @@ class ResponseLadder:
             rung += 1
         # past the top a person is paged, unless the ladder only ever watches
         action = ladder[rung] if rung < len(ladder) else (
-            "observe" if ladder[-1] == "observe" else "pause")
+            ActionName.OBSERVE if ladder[-1] == ActionName.OBSERVE else ActionName.PAUSE)
         self.rung[kind] = min(rung, len(ladder) - 1)
         params: dict[str, Any] = {"skipped": skipped} if skipped else {}
-        if skipped and action == "pause":
+        if skipped and action == ActionName.PAUSE:
             # the answer that fits the cause cannot be given here: rather than stop the run,
             # keep what is in force (a straggler stays rebalanced) and ask a person
             self.attention[kind] = step
             params["needs_attention"] = action
             reasons.append("needs attention")
-            action = "observe"
+            action = ActionName.OBSERVE
         self._use(action, kind, step, now)
-        if action == "lr_cut":
+        if action == ActionName.LR_CUT:
             params["lr_factor"] = self.lr_factor
         return Decision(action, kind, step, rung, anomaly.rank, "; ".join(reasons), params)
 
     def _capped(self, action: str, kind: str, step: int, now: float) -> bool:
-        if action == "retry_step":
+        if action == ActionName.RETRY_STEP:
             return self.retries.get(step, 0) >= self.retries_per_step
-        if action == "rollback":
+        if action == ActionName.ROLLBACK:
             recent = [t for t in self.rollback_times if now - t < 3600]
             return len(recent) >= self.rollbacks_per_hour
-        if action == "restart":
+        if action == ActionName.RESTART:
             return len(self._recent_restarts(kind, now)) >= self.policy_restarts
         return False
 
     def _cap_reason(self, action: str, kind: str) -> str:
-        if action == "restart":
+        if action == ActionName.RESTART:
             return (f"restart capped: {self.policy_restarts} for {kind} within "
                     f"{self.restart_window_s:g} s")
         return f"{action} capped"
@@ -164,11 +165,11 @@ class ResponseLadder:
         return [t for t in self.restart_times.get(kind, []) if now - t < self.restart_window_s]
 
     def _use(self, action: str, kind: str, step: int, now: float) -> None:
-        if action == "retry_step":
+        if action == ActionName.RETRY_STEP:
             self.retries = {step: self.retries.get(step, 0) + 1}  # only the current step counts
-        elif action == "rollback":
+        elif action == ActionName.ROLLBACK:
             self.rollback_times = [t for t in self.rollback_times if now - t < 3600] + [now]
-        elif action == "restart":
+        elif action == ActionName.RESTART:
             self.restart_times[kind] = self._recent_restarts(kind, now) + [now]
 
     def state_dict(self) -> dict[str, Any]:

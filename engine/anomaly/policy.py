@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.anomaly.anomaly import KINDS
+from engine.contract import ActionName, AnomalyKind
 from engine.errors import SpecError
 
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -62,10 +63,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "sdc_suspect": {},
 }
 
-# weakest to strongest: when several decisions share a step, the loop carries out the last
-ACTIONS = ("observe", "resume", "rebalance", "rerun", "skip_update", "retry_step", "lr_cut",
-           "checkpoint", "rollback", "reshard", "exclude", "restart", "pause", "cancel")
-LADDER_ACTIONS = tuple(a for a in ACTIONS if a != "resume")
+# weakest to strongest (ActionName's order): when several decisions share a step, the loop
+# carries out the last; set, decide and refused answer commands only
+ACTIONS = tuple(a for a in ActionName
+                if a not in (ActionName.SET, ActionName.DECIDE, ActionName.REFUSED))
+LADDER_ACTIONS = tuple(a for a in ACTIONS if a != ActionName.RESUME)
 
 DEFAULT_LADDERS: dict[str, list[str]] = {
     "nan": ["skip_update", "rollback", "pause"],  # two in a row -> roll back (spec §6 A1)
@@ -84,7 +86,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
 }
 # `rerun` trains the step again before its update is applied: it can tell only the anomalies
 # found in the step's own forward-backward (the gradient norm is known once the update is)
-RERUN_KINDS = ("loss_spike", "nan")
+RERUN_KINDS = (AnomalyKind.LOSS_SPIKE, AnomalyKind.NAN)
 
 _PATH = "faults.policy"
 
@@ -183,7 +185,7 @@ def _action_errors(actions: dict[str, list[str]]) -> dict[str, str]:
                 if action not in LADDER_ACTIONS:
                     errors[f"{path}.{i}"] = (f"unknown action {action!r}; valid: "
                                              f"{', '.join(LADDER_ACTIONS)}")
-                elif action == "rerun" and kind not in RERUN_KINDS:
+                elif action == ActionName.RERUN and kind not in RERUN_KINDS:
                     errors[f"{path}.{i}"] = ("rerun answers only the anomalies found before "
                                              f"the update: {', '.join(RERUN_KINDS)}")
     return errors

@@ -6,7 +6,7 @@ Saving (every rank makes the same save calls; the constructor is collective when
                         memory_every=c.memory_every, memory_dir="auto" or None,
                         meta={"strategy": ..., "nodes": ..., "procs_per_node": ...})
     if (tier := ckpt.due(step)):
-        blocked_s = ckpt.save(step, dp.sharded_state(), extras, to_disk=tier == "disk")
+        blocked_s = ckpt.save(step, dp.sharded_state(), extras, to_disk=tier == CheckpointTier.DISK)
     ckpt.wait()           # flush (then a barrier, if every rank needs the checkpoint to exist)
     ckpt.forget_after(step)                 # after an in-process rollback to `step`
     ckpt.close(drop_memory_tier=True)       # a completed job; close() alone keeps the tier

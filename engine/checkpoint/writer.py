@@ -159,12 +159,12 @@ class Checkpointer:
         if memory_every > 0 and self.memory_dir is None:
             self.memory_dir = contract.memory_dir(str(self.directory))
 
-    def due(self, step: int) -> str | None:
-        """"disk", "memory" or None: which save the schedule asks for at `step`."""
+    def due(self, step: int) -> contract.CheckpointTier | None:
+        """Which save the schedule asks for at `step`, if any."""
         if self.every > 0 and step % self.every == 0:
-            return "disk"
+            return contract.CheckpointTier.DISK
         if self.memory_dir is not None and self.memory_every > 0 and step % self.memory_every == 0:
-            return "memory"
+            return contract.CheckpointTier.MEMORY
         return None
 
     @property
@@ -362,19 +362,19 @@ class Checkpointer:
         its checkpoint (and drops the ones retention no longer keeps) once its file and the
         checksums are in, independently of the other tier."""
         data = memoryview(job.staging.memory[: job.nbytes].numpy())
-        tiers: list[tuple[str, Location, int]] = []
+        tiers: list[tuple[contract.CheckpointTier, Location, int]] = []
         if self.memory_dir is not None and (self.mirror_disk_saves or not job.to_disk):
-            tiers.append(("memory", self.memory_dir, self.memory_keep))
+            tiers.append((contract.CheckpointTier.MEMORY, self.memory_dir, self.memory_keep))
         if job.to_disk:
-            tiers.append(("disk", self.directory, self.keep))
+            tiers.append((contract.CheckpointTier.DISK, self.directory, self.keep))
         crcs: list[int] = []
         checksummed = threading.Event()
 
-        def persist_tier(tier: str, directory: Location, keep: int) -> None:
+        def persist_tier(tier: contract.CheckpointTier, directory: Location, keep: int) -> None:
             step_dir = directory / step_dir_name(job.step)
             store.make_folder(step_dir)
             file = step_dir / data_file_name(job.save_id, self.rank)
-            if tier == "memory" and job.staging.file_backed:
+            if tier == contract.CheckpointTier.MEMORY and job.staging.file_backed:
                 job.staging.link(file)
             else:
                 store.write_buffer(file, data, job.save_id)

@@ -24,6 +24,7 @@ from engine.anomaly.policy import LADDER_ACTIONS, PROPOSED
 from engine.contract import (
     ActionBy,
     ActionEvent,
+    ActionName,
     Choice,
     Command,
     CommandKind,
@@ -70,11 +71,11 @@ class Approvals:
         if decision is None or decision.action not in self.policy.approve:
             return decision
         if self.pending is not None:  # one proposal at a time: the later one is only seen
-            return dataclasses.replace(decision, action="observe", params={},
+            return dataclasses.replace(decision, action=ActionName.OBSERVE, params={},
                                        reason=f"awaiting the answer to {self.pending.id}")
         self._propose(decision, anomalies, now)
         if self.policy.approve_while == "observe":
-            return dataclasses.replace(decision, action="observe", params={},
+            return dataclasses.replace(decision, action=ActionName.OBSERVE, params={},
                                        reason=f"proposed {decision.action} ({self.pending.id}); "
                                        "training on while it waits")
         return self._hold(step, now)
@@ -89,7 +90,7 @@ class Approvals:
             step=decision.step, id=f"p-{decision.step}-{self.count}",
             status=ProposalStatus.PENDING, action=decision.action, anomaly=decision.anomaly,
             deadline=now + self.policy.approve_timeout_s,
-            default="observe" if attention else self._default(decision),
+            default=ActionName.OBSERVE if attention else self._default(decision),
             hold=not attention and self.policy.approve_while == "hold", rank=decision.rank,
             evidence=cause.evidence if cause is not None else {}, reason=attention)
         self.pending = Proposal(decision, event)

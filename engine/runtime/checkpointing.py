@@ -15,7 +15,14 @@ from engine.checkpoint.layout import MANIFEST, abandon_newer, step_dir_name
 from engine.checkpoint.lookup import find
 from engine.checkpoint.replica import ReplicaRing, gather, replicated
 from engine.checkpoint.store import Location, exists, location
-from engine.contract import AnomalyEvent, CheckpointEvent, Event, LogEvent
+from engine.contract import (
+    AnomalyEvent,
+    AnomalyKind,
+    CheckpointEvent,
+    CheckpointTier,
+    Event,
+    LogEvent,
+)
 from engine.paro import ShardedDataParallel
 from engine.runtime.commands import CommandRefused
 from engine.runtime.lineage import Lineage, Parent
@@ -50,8 +57,8 @@ class TrainCheckpoints:
         directory = self.ckpt.directory if to_disk else self.ckpt.memory_dir
         path = directory / step_dir_name(self.state.step)
         self.emit(CheckpointEvent(
-            step=self.state.step, path=str(path), tier="disk" if to_disk else "memory",
-            blocking_s=blocking_s,
+            step=self.state.step, path=str(path),
+            tier=CheckpointTier.DISK if to_disk else CheckpointTier.MEMORY, blocking_s=blocking_s,
             size_bytes=sum(length * t.element_size() for t, _, length in shards.values()),
             strategy=self.ckpt.meta["strategy"], world_size=self.ckpt.world_size,
             lineage=lineage,
@@ -61,11 +68,11 @@ class TrainCheckpoints:
     def save_if_due(self) -> None:
         tier = self.ckpt.due(self.state.step)
         if tier is not None:
-            self.save(to_disk=tier == "disk")
+            self.save(to_disk=tier == CheckpointTier.DISK)
 
     def save_final(self) -> None:
         """A finished run always leaves its final state on disk."""
-        if self.ckpt.due(self.state.step) != "disk":
+        if self.ckpt.due(self.state.step) != CheckpointTier.DISK:
             self.save()
 
     def persist(self) -> None:
@@ -100,7 +107,7 @@ class TrainCheckpoints:
         else:
             restored = restore(sources, self.load)
             for bad in restored.skipped:
-                self.emit(AnomalyEvent(step=self.state.step, kind="checkpoint_corrupt",
+                self.emit(AnomalyEvent(step=self.state.step, kind=AnomalyKind.CHECKPOINT_CORRUPT,
                                        severity="warning", rank=None,
                                        evidence={"path": str(bad.path), "problem": bad.problem}))
             if restored.checkpoint is None:

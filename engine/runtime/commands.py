@@ -30,6 +30,7 @@ from engine.contract import (
     WARM_PAUSE_MAX_S,
     ActionBy,
     ActionEvent,
+    ActionName,
     Command,
     CommandKind,
     Event,
@@ -62,7 +63,7 @@ class Outcome:
 
 def refusal(step: int, command: Command, error: str) -> ActionEvent:
     """The `action` event that refuses `command` with the reason."""
-    return ActionEvent(step=step, action="refused", command=command.id, kind=command.kind,
+    return ActionEvent(step=step, action=ActionName.REFUSED, command=command.id, kind=command.kind,
                        error=error)
 
 
@@ -90,7 +91,8 @@ class CommandInbox:
         if self.channel is not None:
             self.pending += self.channel.poll()
             for error in self.channel.errors:
-                self.emit(ActionEvent(step=step, action="refused", command=None, error=error))
+                self.emit(ActionEvent(step=step, action=ActionName.REFUSED, command=None,
+                                      error=error))
             self.channel.errors.clear()
         return len(self.pending)
 

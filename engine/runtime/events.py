@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.contract import Event, _jsonable, control_stream, events_stream
+from engine.contract import Event, Header, _jsonable, control_stream, events_stream
 
 if TYPE_CHECKING:
     import redis
@@ -27,9 +27,6 @@ __all__ = ["BusOutage", "EventLog", "bus_client", "bus_unreachable", "control_st
            "events_stream", "read_events"]
 
 log = logging.getLogger(__name__)
-
-# the wire form's leading keys, in the order every reader of the JSONL file has seen
-_HEAD = ("type", "job", "step", "time", "seq")
 
 
 # While the bus is unreachable, it is tried again at most this often (a try that fails on a
@@ -120,7 +117,7 @@ class EventLog:
         return its wire form (`event.to_dict()`)."""
         self.seq += 1
         wire = dataclasses.replace(event, job=self.job, time=time.time(), seq=self.seq).to_dict()
-        return self._write({key: wire[key] for key in _HEAD} | wire)
+        return self._write({key.value: wire[key] for key in Header} | wire)
 
     def emit_wire(self, type: str, step: int, **fields: Any) -> dict[str, Any]:
         """Write an event as given, typed or not: for tests and benchmarks that replay recorded

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.anomaly import Anomaly
-from engine.contract import ActionBy, ActionEvent, AnomalyEvent, Event
+from engine.contract import ActionBy, ActionEvent, ActionName, AnomalyEvent, AnomalyKind, Event
 
 EXIT_HANG = 87  # a rank's watchdog ended it; the launcher restarts the ranks
 
@@ -48,7 +48,7 @@ class HangReports:
             fields = json.loads(report.read_text())
             step = fields.pop("step")
             self.emit(AnomalyEvent(step=step, **fields))
-            self.emit(ActionEvent(step=step, action="restart", anomaly="hang", by=ActionBy.POLICY,
-                                  rank=fields.get("rank"),
+            self.emit(ActionEvent(step=step, action=ActionName.RESTART, anomaly=AnomalyKind.HANG,
+                                  by=ActionBy.POLICY, rank=fields.get("rank"),
                                   reason="the op in flight exceeded hang_timeout_s"))
             report.rename(report.with_suffix(".published"))

@@ -35,7 +35,9 @@ from engine.checkpoint.store import location
 from engine.contract import (
     ActionBy,
     ActionEvent,
+    ActionName,
     AnomalyEvent,
+    AnomalyKind,
     Event,
     ExitCode,
     LogEvent,
@@ -209,11 +211,11 @@ def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
             # a rank died (a hang leaves its own report): say so before resuming
             restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
             most = spec.faults.policy.max_restarts
-            events.emit(AnomalyEvent(step=events.last_step, kind="crash", severity="error",
-                                     rank=None,
+            events.emit(AnomalyEvent(step=events.last_step, kind=AnomalyKind.CRASH,
+                                     severity="error", rank=None,
                                      evidence={"restart": restarts, "max_restarts": most}))
-            events.emit(ActionEvent(step=events.last_step, action="restart", anomaly="crash",
-                                    by=ActionBy.POLICY,
+            events.emit(ActionEvent(step=events.last_step, action=ActionName.RESTART,
+                                    anomaly=AnomalyKind.CRASH, by=ActionBy.POLICY,
                                     reason=f"restart {restarts} of at most {most}"))
         if relaid:
             events.emit(LogEvent(step=events.last_step, level="warning", message=relaid))

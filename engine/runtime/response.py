@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.anomaly import Anomaly, Decision, FaultManager
-from engine.contract import ActionBy, ActionEvent, AnomalyEvent, BadBatchEvent, Event, RerunCause
+from engine.contract import (
+    ActionBy,
+    ActionEvent,
+    ActionName,
+    AnomalyEvent,
+    AnomalyKind,
+    BadBatchEvent,
+    Event,
+    RerunCause,
+)
 from engine.runtime.approvals import Approvals
 from engine.runtime.rerun import Attribution
 
@@ -150,7 +159,7 @@ class FaultResponse:
         decision = dataclasses.replace(
             verdict.decision, params={**verdict.decision.params, **found.details()})
         for rank in found.differed:
-            self.faults.report(Anomaly("sdc_suspect", "error", decision.step, rank, {
+            self.faults.report(Anomaly(AnomalyKind.SDC_SUSPECT, "error", decision.step, rank, {
                 "rerun_step": decision.step, "loss": found.first[rank],
                 "rerun_loss": found.again[rank]}))
         if found.cause is RerunCause.STEP:
@@ -162,8 +171,9 @@ class FaultResponse:
 
     def rebalanced(self, step: int, shares: list[int], reason: str) -> None:
         """Publish a change of the ranks' shares that the rebalancer made on its own."""
-        self.emit(ActionEvent(step=step, action="rebalance", by=ActionBy.POLICY,
-                              anomaly="straggler", reason=reason, details={"shares": shares}))
+        self.emit(ActionEvent(step=step, action=ActionName.REBALANCE, by=ActionBy.POLICY,
+                              anomaly=AnomalyKind.STRAGGLER, reason=reason,
+                              details={"shares": shares}))
 
     def announce(self, verdict: Verdict, **outcome: Any) -> None:
         """Publish the decision carried out, with what it did (e.g. the checkpoint)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from time import perf_counter_ns
 
 from engine.anomaly.anomaly import Anomaly
+from engine.contract import AnomalyKind
 from engine.xputimer.timer import OpTimer
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -93,7 +94,7 @@ class HangWatchdog:
             return None
         self._fired_for = key
         step = self.timer.current_step
-        anomaly = Anomaly("hang", "critical", step, self.timer.rank, {
+        anomaly = Anomaly(AnomalyKind.HANG, "critical", step, self.timer.rank, {
             **evidence, "age_s": age / 1e9, "timeout_s": self.timeout_ns / 1e9,
             "detected_at": time.time(),  # wall clock: the event is published after a restart
             "stack_dump": str(self.dump_stacks(step)),

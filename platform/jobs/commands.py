@@ -134,7 +134,8 @@ def settle(job: Job, event: contract.ActionEvent) -> None:
     a rollback done in-process). A pause ends with the engine's exit, a reshard with its
     `running` state event (jobs.supervisor)."""
     command = Command.objects.filter(job=job, pk=int(event.command)).first()
-    answer = {k: v for k, v in event.to_dict().items() if k not in ("type", "job", "time")}
+    unstamped = (contract.Header.TYPE, contract.Header.JOB, contract.Header.TIME)
+    answer = {k: v for k, v in event.to_dict().items() if k not in unstamped}
     if command is None or not command.settle(not event.refused, answer):
         return
     job.refresh_from_db(fields=["state"])

@@ -23,7 +23,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import serializers
 
 from datasets import mix
-from engine.contract import is_url
+from engine.contract import CheckpointTier, is_url
 from engine.errors import SpecError
 from engine.runtime.confine import OUTSIDE, expand, glob_base, is_under
 from jobs.models import Job
@@ -146,7 +146,7 @@ def _checkpoint_path(user: AbstractBaseUser, job_id: int, checkpoint_id: int,
     except serializers.ValidationError as e:
         errors[field] = " ".join(map(str, e.detail))
         return ""
-    if found.tier != "disk":
+    if found.tier != CheckpointTier.DISK:
         errors[field] = f"checkpoint {checkpoint_id} is in the memory tier; pick a disk one"
         return ""
     return found.path
@@ -154,7 +154,8 @@ def _checkpoint_path(user: AbstractBaseUser, job_id: int, checkpoint_id: int,
 
 def readable_checkpoint(user: AbstractBaseUser, path: str) -> bool:
     """Whether `path` is a disk checkpoint, still kept, of a job `user` may read."""
-    found = Checkpoint.objects.filter(job__in=visible_jobs(user), path=path, tier="disk").first()
+    found = Checkpoint.objects.filter(job__in=visible_jobs(user), path=path,
+                                      tier=CheckpointTier.DISK).first()
     return found is not None and found.available
 
 

@@ -17,6 +17,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from engine.contract import CheckpointTier
 from jobs.models import Export, ExportState, Job
 from monitor.models import Checkpoint
 from ringside.services import engine_env, python_module
@@ -37,7 +38,7 @@ def exportable(job: Job, checkpoint_id: int) -> Checkpoint:
     found = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
     if found is None:
         raise ExportRefused(404, f"job {job.pk} has no checkpoint {checkpoint_id}")
-    if found.tier != "disk":
+    if found.tier != CheckpointTier.DISK:
         raise ExportRefused(409, f"checkpoint {checkpoint_id} (step {found.step}) is a "
                                  f"{found.tier or 'memory'}-tier snapshot; export a disk one")
     if not found.available:

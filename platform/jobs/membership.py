@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine.contract import AnomalyEvent, MembershipEvent
+from engine.contract import AnomalyEvent, AnomalyKind, MembershipEvent
 from engine.runtime.events import EventLog
 from engine.runtime.spec import layout_on_hosts, parse_spec
 from hosts import registry
@@ -173,7 +173,7 @@ def announce(job: Job, events_path: Path) -> None:
     events = EventLog(str(job.pk), events_path, settings.REDIS_URL)
     try:
         if requeue is not None and requeue.cause == Cause.HOST_LOSS:
-            events.emit(AnomalyEvent(step=job.step, kind="host_lost", severity="error",
+            events.emit(AnomalyEvent(step=job.step, kind=AnomalyKind.HOST_LOST, severity="error",
                                      evidence={"lost": sorted(set(before) - set(after)),
                                                "reason": reason}))
         events.emit(MembershipEvent(step=job.step, hosts_before=before, hosts_after=after,

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import transaction
 
-from engine.contract import ActionBy, ActionEvent
+from engine.contract import ActionBy, ActionEvent, ActionName
 from jobs.commands import issue
 from jobs.dispatch import dispatch
 from jobs.launch import resume_point
@@ -40,7 +40,7 @@ AUTO_ACTION_WINDOW_S = 3600.0
 # answers that change nothing the run computes: they do not count toward the hourly limit (a
 # rebalance moves samples between ranks, and follows their speeds with a change every few
 # steps while a straggler lasts, but the updates stay those of even shares)
-PASSIVE_ACTIONS = frozenset({"observe", "page", "refused", "rebalance"})
+PASSIVE_ACTIONS = frozenset({ActionName.OBSERVE, ActionName.REFUSED, ActionName.REBALANCE})
 # a job leaving one of these states for queued or running was resumed by a person
 RESUMED_FROM = (State.PAUSED, State.PAUSED_WARM)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.contract import ProposalEvent, ProposalStatus
+from engine.contract import Header, ProposalEvent, ProposalStatus
 from jobs.models import AuditEntry, Cause, Job
 from jobs.webhooks import notify
 from monitor.models import Event
@@ -42,7 +42,7 @@ def on_event(job: Job, event: ProposalEvent) -> None:
     """A stored `proposal` event: tell the webhooks of a new one, audit a timeout."""
     if event.status == ProposalStatus.PENDING:
         notify(job, "proposal", {k: v for k, v in event.to_dict().items()
-                                 if k not in ("type", "job", "time", "seq")})
+                                 if k not in (Header.TYPE, Header.JOB, Header.TIME, Header.SEQ)})
     elif event.status == ProposalStatus.TIMED_OUT:
         AuditEntry.record("proposal.timeout", ENGINE_ACTOR, Cause.ENGINE, job=job,
                           proposal=event.id, proposed=event.action, take=event.take,

@@ -13,6 +13,7 @@ from engine.anomaly.policy import LADDER_ACTIONS
 from engine.contract import (
     COLLECTIVES,
     STRATEGIES,
+    CheckpointTier,
     Choice,
     CommandKind,
     CommandRule,
@@ -392,7 +393,7 @@ class CloneBody(serializers.Serializer):
 
     def validate_checkpoint(self, value: int) -> Checkpoint:
         found = job_checkpoint(self.context["job"], value)
-        if found.tier == "memory":
+        if found.tier == CheckpointTier.MEMORY:
             raise serializers.ValidationError("a memory-tier checkpoint cannot seed a clone; "
                                               "pick a disk one")
         return found

@@ -219,7 +219,7 @@ class Supervisor:
                 policy.auto_pause(self.job, event)
         elif isinstance(event, contract.CheckpointEvent):
             policy.storage_pause(self.job)
-            if event.tier == "disk" and self.job.state == State.RUNNING:
+            if event.tier == contract.CheckpointTier.DISK and self.job.state == State.RUNNING:
                 self.regroup_at_checkpoint()
         elif isinstance(event, contract.ProposalEvent):
             proposals.on_event(self.job, event)

@@ -47,7 +47,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from engine import contract
-from engine.contract import FINAL_STATES, JobState
+from engine.contract import FINAL_STATES, ActionBy, ActionName, AnomalyKind, JobState
 from jobs.models import Job, JobEvent
 from monitor.models import Event, Goodput
 
@@ -71,7 +71,8 @@ HOUR = 3600
 RECOVERY_CAUSES = frozenset({"worker_loss", "host_loss", "policy"})
 # the policy's answers that drop the step's update (a rerun drops the first pass at least:
 # the rerun's result is kept when the spike was the step's, neither when it was the batch's)
-DROPPING = frozenset({"skip_update", "retry_step", "rerun", "rollback"})
+DROPPING = frozenset({ActionName.SKIP_UPDATE, ActionName.RETRY_STEP, ActionName.RERUN,
+                      ActionName.ROLLBACK})
 # the job states that begin a phase without an engine (or end one): the others are made
 # while an engine runs, whose own events say more precisely what it does
 _PHASES = frozenset({JobState.QUEUED, JobState.WAITING_FOR_HOSTS, JobState.STARTING,
@@ -130,8 +131,8 @@ def event_mark(event: contract.Event) -> Mark | None:
         return Mark(**at, state=event.state)
     if isinstance(event, contract.ActionEvent):
         return Mark(**at, action=event.action, by=event.by or "")
-    if isinstance(event, contract.AnomalyEvent) and event.kind == "crash":
-        return Mark(**at, action="crash")
+    if isinstance(event, contract.AnomalyEvent) and event.kind == AnomalyKind.CRASH:
+        return Mark(**at, action=AnomalyKind.CRASH)
     return None
 
 
@@ -295,14 +296,14 @@ class Ledger:
             self.mode = "startup"
 
     def _action(self, mark: Mark) -> None:
-        if mark.action in ("crash", "restart"):
+        if mark.action in (AnomalyKind.CRASH, ActionName.RESTART):
             self._spend("recovery", mark.time, mark.ref)
             self.mode = "recovery"
-        elif mark.action in DROPPING and mark.by == contract.ActionBy.POLICY:
+        elif mark.action in DROPPING and mark.by == ActionBy.POLICY:
             self._spend("skipped", mark.time, mark.ref)
-        elif mark.action == "rollback":  # a person's: the reload
+        elif mark.action == ActionName.ROLLBACK:  # a person's: the reload
             self._spend("recovery", mark.time, mark.ref)
-        elif mark.action == "pause":
+        elif mark.action == ActionName.PAUSE:
             self._spend("pause", mark.time, mark.ref)
             self.mode = "pause"
 

@@ -68,8 +68,7 @@ SQL_PARAMETERS = 999  # a statement's parameters at most: SQLite's oldest limit
 # reads the next batch of each StreamIngest while it stores the current one
 _READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-read-ahead")
 # an action event's fields that are columns of its row; the rest is the row's `details`
-ACTION_NOT_DETAILS = frozenset({"type", "job", "step", "time", "seq", "action", "by", "command",
-                                "anomaly"})
+ACTION_NOT_DETAILS = frozenset({*contract.Header, "action", "by", "command", "anomaly"})
 
 E = TypeVar("E", bound=contract.Event)
 
@@ -90,7 +89,7 @@ def step_metrics(event: dict[str, Any]) -> dict[str, float | None]:
     """The numeric fields of a step event, nested objects flattened as `memory.rss_bytes`;
     a list holds one value per rank: `system.cpu_percent: [a, b]` gives
     `system.cpu_percent.rank0` and `system.cpu_percent.rank1`."""
-    skip = {"type", "job", "step", "time", "seq"}
+    skip = set(contract.Header)
     metrics: dict[str, float | None] = {}
 
     def visit(prefix: str, value: Any) -> None:

@@ -3,6 +3,7 @@ and anything malformed is refused with the field named."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -18,13 +19,17 @@ from engine.contract import (
     EVENT_CLASSES,
     EVENT_TYPES,
     ActionEvent,
+    ActionName,
     AnomalyEvent,
+    AnomalyKind,
     BadBatchEvent,
     CheckpointEvent,
+    CheckpointTier,
     Command,
     CommandKind,
     ContractError,
     ExpertsEvent,
+    Header,
     JobState,
     LogEvent,
     MembershipEvent,
@@ -182,3 +187,77 @@ def test_events_beyond_designs_list_are_in_the_readme():
     section = readme.split("### Events", 1)[1].split("\n## ", 1)[0]
     for name in BEYOND_DESIGN:
         assert f"`{name}`" in section.split("beyond DESIGN.md", 1)[1]
+
+
+# -- the vocabulary ------------------------------------------------------------------------
+
+SOURCE_ROOTS = [Path(contract.__file__).parents[1] / name for name in ("engine", "platform")]
+# the calls that emit a name of the vocabulary, and where in the call the name is
+EMITTERS = {"Anomaly": ("kind", AnomalyKind), "AnomalyEvent": ("kind", AnomalyKind),
+            "ActionEvent": ("action", ActionName), "CheckpointEvent": ("tier", CheckpointTier)}
+
+
+def emitted_names() -> list[tuple[str, type, ast.expr]]:
+    """(where, enum, the name's expression) of every emit call in engine/ and platform/."""
+    found = []
+    for root in SOURCE_ROOTS:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in EMITTERS):
+                    continue
+                keyword, enum = EMITTERS[node.func.id]
+                given = [k.value for k in node.keywords if k.arg == keyword]
+                if node.func.id == "Anomaly" and node.args:
+                    given.append(node.args[0])
+                found += [(f"{path.name}:{node.lineno}", enum, value) for value in given]
+    return found
+
+
+def test_every_name_the_engine_and_platform_emit_is_a_member_of_its_enum():
+    """A kind, action or tier is named by its enum member, never spelled out: one the
+    platform, the goodput fold or the frontend did not know could not be emitted."""
+    emitted = emitted_names()
+    spelled = [where for where, _, value in emitted if isinstance(value, ast.Constant)]
+    assert spelled == []
+    named = {(enum, value.attr) for _, enum, value in emitted
+             if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+             and value.value.id == enum.__name__}
+    assert all(member in enum.__members__ for enum, member in named)
+    # the kinds emitted outside the detectors' loops, the platform's and the loader's included
+    assert {m for enum, m in named if enum is AnomalyKind} >= {
+        "NAN", "THROUGHPUT_DROP", "MEMORY_GROWTH", "STRAGGLER", "EXPERT_COLLAPSE", "HANG",
+        "CRASH", "SDC_SUSPECT", "HOST_LOST", "CHECKPOINT_CORRUPT"}
+
+
+def test_every_member_of_the_vocabulary_is_used_outside_the_contract():
+    """No name nothing emits (as `page` was in the platform's passive actions)."""
+    text = "\n".join(path.read_text() for root in SOURCE_ROOTS for path in root.rglob("*.py")
+                     if path.name != "contract.py")
+    for enum in (AnomalyKind, CheckpointTier):
+        unused = [m for m in enum.__members__ if f"{enum.__name__}.{m}" not in text]
+        assert unused == [], enum.__name__
+
+
+def test_the_fault_ladders_and_commands_speak_the_vocabulary():
+    from engine.anomaly.anomaly import KINDS, REPORTED_ONLY
+    from engine.anomaly.policy import ACTIONS, DEFAULT_LADDERS, DEFAULTS
+
+    assert set(KINDS) | REPORTED_ONLY == set(AnomalyKind)
+    assert list(DEFAULT_LADDERS) == list(DEFAULTS) == list(KINDS)
+    assert {rung for ladder in DEFAULT_LADDERS.values() for rung in ladder} <= set(ACTIONS)
+    assert set(ACTIONS) <= set(ActionName)
+    # a command carried out is named by its kind in the `action` event
+    assert set(CommandKind) <= set(ActionName)
+
+
+def test_the_wire_header_leads_every_emitted_event(tmp_path):
+    from engine.runtime.events import EventLog
+
+    log = EventLog("7", tmp_path / "events.jsonl")
+    wire = log.emit(ActionEvent(step=3, action=ActionName.REFUSED, error="no"))
+    assert list(wire)[:len(Header)] == list(Header)
+    line = (tmp_path / "events.jsonl").read_text()
+    assert list(json.loads(line))[:5] == ["type", "job", "step", "time", "seq"]
+    assert json.loads(line)["action"] == "refused"
+    assert parse_event(json.loads(line)).refused

@@ -7,6 +7,7 @@ import { api } from "./api.js";
 import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows, sharesText } from "./format.js";
 import { PlanTable } from "./plan.js";
+import { ActionName, CheckpointTier, CommandKind, JobState } from "./vocabulary.js";
 
 // the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
@@ -17,7 +18,7 @@ const label = (kind) => LABEL[kind] ?? OTHER_LABEL[kind] ?? kind;
 // the commands whose button opens a panel; the panel's own buttons send the command
 const PANELS = ["rollback", "reshard", "set", "rebalance"];
 // the commands whose effect is the engine running again: done at its first step after them
-const RUNS_AGAIN = new Set(["resume", "reshard"]);
+const RUNS_AGAIN = new Set([CommandKind.RESUME, CommandKind.RESHARD]);
 // the buttons that stay disabled until their command is settled (a second checkpoint click
 // before the first is written would only queue another)
 const HOLD = new Set(["checkpoint"]);
@@ -25,7 +26,8 @@ const WAITING = "waiting for the engine…";
 // an abandoned checkpoint the engine deleted: listed as history, no rollback target
 const gone = (c) => c.branch === "abandoned" && c.available === false;
 // the job's states on its way back to running after a resume or reshard
-const COMING_BACK = new Set(["queued", "starting", "resharding", "paused_warm", "waiting_for_hosts"]);
+const COMING_BACK = new Set([JobState.QUEUED, JobState.STARTING, JobState.RESHARDING, JobState.PAUSED_WARM,
+                             JobState.WAITING_FOR_HOSTS]);
 
 // "10, 10, 10, 2" as a list of samples per rank; other text goes as it is, for the API to
 // say what is wrong with it (or to take "auto" or "even")
@@ -217,8 +219,8 @@ export class Controls {
   acknowledge(event) {
     const known = this.commands.get(String(event.command));
     if (!known) return;
-    if (["set", "rollback"].includes(event.action)) this.loadSettings();
-    const refused = event.action === "refused";
+    if ([ActionName.SET, ActionName.ROLLBACK].includes(event.action)) this.loadSettings();
+    const refused = event.action === ActionName.REFUSED;
     const text = refused ? `${label(known.kind)} refused by the engine: ${event.error}`
       : `${label(known.kind)} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
     this.settle(known, refused ? "refused" : "done", text);
@@ -271,7 +273,7 @@ export class Controls {
         el("input", { type: "radio", name: "checkpoint", value: c.step, checked: this.picked?.step === c.step,
                       disabled: gone(c), onchange: () => this.pick(c) }),
         ` step ${c.step}`, el("span", { class: "muted" },
-          ` · ${c.tier || "disk"} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`),
+          ` · ${c.tier || CheckpointTier.DISK} · ${bytes(c.size_bytes)} · ${c.strategy ?? ""} on ${c.world_size ?? "?"}`),
         c.branch === "abandoned"
           ? el("span", { class: "tag tag-abandoned" }, `abandoned branch${gone(c) ? " · deleted" : ""}`)
           : ""))));

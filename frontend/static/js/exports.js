@@ -5,6 +5,7 @@
 import { api } from "./api.js";
 import { el, errorText } from "./format.js";
 import { lineageRow } from "./lineage.js";
+import { CheckpointTier } from "./vocabulary.js";
 
 const UNDER_WAY = new Set(["pending", "running"]);
 const FOLLOW_MS = 1000;
@@ -23,8 +24,8 @@ export class Exports {
 
   // The checkpoints as the API lists them (with ids and their exports), in the order to show.
   show(checkpoints) {
-    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && (c.tier || "disk") === "disk"
-                                              && c.available !== false);
+    this.checkpoints = checkpoints.filter((c) => c.id !== undefined && c.available !== false
+                                              && (c.tier || CheckpointTier.DISK) === CheckpointTier.DISK);
     for (const c of this.checkpoints) {
       if (c.export && !this.known.has(c.id)) this.remember(c, c.export);
     }

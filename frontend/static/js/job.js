@@ -8,6 +8,7 @@ import { MetricCharts } from "./metrics.js";
 import { Proposals } from "./proposals.js";
 import { SharesChart } from "./shares.js";
 import { Telemetry } from "./telemetry.js";
+import { ActionName, CheckpointTier } from "./vocabulary.js";
 
 const root = document.getElementById("job");
 const jobId = root.dataset.jobId;
@@ -52,7 +53,7 @@ let transitions = []; // the API's state history of the job
 
 // The layout a step ran on: the spec's until the first reshard before it, then that one's.
 function layoutAt(step) {
-  const reshards = marks.actions.filter((a) => a.action === "reshard" && a.parallel && a.step < step);
+  const reshards = marks.actions.filter((a) => a.action === ActionName.RESHARD && a.parallel && a.step < step);
   return reshards.at(-1)?.parallel ?? spec.parallel ?? {};
 }
 
@@ -66,7 +67,7 @@ function checkpointWithId(c) {
 const abandoned = (c) => c.branch === "abandoned";
 function better(a, b) {
   if (abandoned(a) !== abandoned(b)) return !abandoned(a);
-  const onDisk = (c) => (c.tier || "disk") === "disk";
+  const onDisk = (c) => (c.tier || CheckpointTier.DISK) === CheckpointTier.DISK;
   if (onDisk(a) !== onDisk(b)) return onDisk(a);
   return a.seq > b.seq;
 }
@@ -214,7 +215,7 @@ function onMark(kind, event, live = true) {
     if (event.command) showCommands(); else controls.acknowledge(event);
     // a rollback replaced steps: the stored series now hold the values trained again, and
     // the checkpoints past its target are the abandoned branch
-    if (event.action === "rollback") { charts.refetch(); loadCheckpoints(); }
+    if (event.action === ActionName.ROLLBACK) { charts.refetch(); loadCheckpoints(); }
   }
   if (kind === "checkpoint") {
     showCheckpoints();
