@@ -50,15 +50,21 @@ def _load(path: Path, spec: JobSpec, model: nn.Module) -> str:
         model.load_state_dict(state, strict=False)  # no MTP layers in Glm4Moe: ours stay fresh
         return f"Hugging Face weights from {path}"
     with _open(path) as reader:
-        _check_layout(reader, spec.model)
-        flat = reader.read("params", 0, reader.tensors["params"]["length"])
-        with torch.no_grad():
-            offset = 0
-            for p in model.parameters():  # the flat buffer's order
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        model.load_state_dict(checkpoint_buffers(reader), strict=False)
+        load_checkpoint_weights(reader, spec.model, model)
         return f"the weights of checkpoint {reader.info.path}"
+
+
+def load_checkpoint_weights(reader: CheckpointReader, config: MoEConfig, model: nn.Module) -> None:
+    """Fill `model` (an `MoEModel(config)`) with the checkpoint's parameters and buffers, from
+    any saved layout; ExportError naming each tensor of another model."""
+    _check_layout(reader, config)
+    flat = reader.read("params", 0, reader.tensors["params"]["length"])
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():  # the flat buffer's order
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    model.load_state_dict(checkpoint_buffers(reader), strict=False)
 
 
 class HasShards(Protocol):
