@@ -34,6 +34,7 @@ from jobs.models import (
     ApiToken,
     AuditEntry,
     Command,
+    Evaluation,
     Export,
     Job,
     JobEvent,
@@ -163,6 +164,17 @@ class ExportSerializer(serializers.ModelSerializer):
         model = Export
         fields = ["checkpoint", "step", "state", "out_dir", "error", "summary", "created_at",
                   "updated_at"]
+        read_only_fields = fields
+
+
+class EvaluationSerializer(serializers.ModelSerializer):
+    checkpoint = serializers.PrimaryKeyRelatedField(read_only=True)
+    step = serializers.IntegerField(source="checkpoint.step", read_only=True)
+
+    class Meta:
+        model = Evaluation
+        fields = ["id", "checkpoint", "step", "state", "tasks", "heldout_windows", "out_dir",
+                  "items_done", "items_total", "results", "error", "created_at", "updated_at"]
         read_only_fields = fields
 
 

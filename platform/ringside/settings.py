@@ -232,7 +232,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
 # task modules other than the apps' `tasks` (which autodiscovery finds): the export, the
 # planner's host calibration and webhook deliveries
-CELERY_IMPORTS = ["jobs.exports", "jobs.calibration", "jobs.webhooks"]
+CELERY_IMPORTS = ["jobs.exports", "jobs.evaluations", "jobs.calibration", "jobs.webhooks"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))

@@ -55,6 +55,14 @@ def trained(tmp_path_factory) -> tuple[Path, object, Path]:
     return resolve(root / "run" / "checkpoints").path, parse_spec(data), root / "tasks.jsonl"
 
 
+@pytest.fixture(scope="module")
+def whole(trained, tmp_path_factory) -> tuple[dict, Path]:
+    """One run over every item: its summary and folder."""
+    checkpoint, spec, tasks = trained
+    out = tmp_path_factory.mktemp("whole")
+    return evaluate(str(checkpoint), out, spec, tasks=str(tasks), windows_per_source=3), out
+
+
 def direct_model(checkpoint: Path, config) -> MoEModel:
     model = MoEModel(config)
     with CheckpointReader(resolve(checkpoint)) as reader:
@@ -74,9 +82,9 @@ def direct_loglik(model: MoEModel, prompt: str, continuation: str) -> tuple[floa
     return logp.gather(1, wanted[:, None]).sum().item(), bool((logp.argmax(-1) == wanted).all())
 
 
-def test_scores_equal_the_models_own_computation(trained, tmp_path):
-    checkpoint, spec, tasks = trained
-    summary = evaluate(str(checkpoint), tmp_path, spec, tasks=str(tasks), windows_per_source=3)
+def test_scores_equal_the_models_own_computation(trained, whole):
+    checkpoint, spec, _ = trained
+    summary, out = whole
 
     assert summary["complete"] and summary["items_total"] == 3 + len(TASKS)
     model = direct_model(checkpoint, spec.model)
@@ -103,13 +111,11 @@ def test_scores_equal_the_models_own_computation(trained, tmp_path):
     assert set(summary["tasks"]) == {"continuation", "dogs", "choice"}
     (generated,) = summary["generations"]
     assert generated["prompt"] == "the dog" and len(generated["text"].encode()) <= 4 * 4
-    assert json.loads((tmp_path / "results.json").read_text()) == summary
+    assert json.loads((out / "results.json").read_text()) == summary
 
 
-def test_a_stopped_run_resumes_and_slots_score_every_item_once(trained, tmp_path):
+def test_a_stopped_run_resumes_and_slots_score_every_item_once(trained, whole, tmp_path):
     checkpoint, spec, tasks = trained
-    whole = evaluate(str(checkpoint), tmp_path / "one", spec, tasks=str(tasks),
-                     windows_per_source=3)
 
     # slot 1 did items 0-1, slot 2 was stopped halfway through 2-6 (its last line cut short)
     slots = tmp_path / "slots"
@@ -125,7 +131,7 @@ def test_a_stopped_run_resumes_and_slots_score_every_item_once(trained, tmp_path
 
     assert [r["index"] for r in map(json.loads, (slots / "items-0-7.jsonl").open())] == [4, 5, 6]
     assert sorted(scored_records(slots)) == list(range(7))
-    assert rest == whole
+    assert rest == whole[0]
 
 
 def test_a_task_file_outside_the_data_roots_is_refused(trained, tmp_path):
