@@ -364,7 +364,9 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State",
                             "DatasetStateEnum": "datasets.models.DatasetState",
-                            "SinkStateEnum": "monitor.sinks.models.SinkState"},
+                            "SinkStateEnum": "monitor.sinks.models.SinkState",
+                            # an export's and an evaluation's (a worker's task)
+                            "ExportStateEnum": "jobs.models.ExportState"},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
