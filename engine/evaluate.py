@@ -285,17 +285,18 @@ def evaluate(checkpoint: str, out_dir: Path, spec: JobSpec, *, tasks: str | None
     planned = plan_items(loaders, read_tasks(tasks, spec.data.roots) if tasks else [],
                          windows_per_source)
     wanted = parse_range(items, len(planned))
-    model = MoEModel(spec.model)
-    with CheckpointReader(info) as reader:
-        load_checkpoint_weights(reader, spec.model, model)
-    scorer = Scorer(model.to(device), load_tokenizer(spec.train.dataset.tokenizer,
-                                                     spec.data.roots), loaders)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = scored_records(out_dir)
-    with open(out_dir / f"items-{wanted.start}-{wanted.stop}.jsonl", "a",
-              encoding="utf-8") as log:
-        for index in wanted:
-            if index not in done:
+    todo = [index for index in wanted if index not in done]
+    if todo:  # else only the summary: no model to load
+        model = MoEModel(spec.model)
+        with CheckpointReader(info) as reader:
+            load_checkpoint_weights(reader, spec.model, model)
+        scorer = Scorer(model.to(device), load_tokenizer(spec.train.dataset.tokenizer,
+                                                         spec.data.roots), loaders)
+        with open(out_dir / f"items-{wanted.start}-{wanted.stop}.jsonl", "a",
+                  encoding="utf-8") as log:
+            for index in todo:
                 log.write(json.dumps(scorer.score(planned[index])) + "\n")
                 log.flush()
     summary = {"checkpoint": str(info.path), "step": info.step,

@@ -469,6 +469,8 @@ class Evaluation(models.Model):
                                        "empty: held-out loss only")
     heldout_windows = models.PositiveIntegerField(default=32,
                                                   help_text="held-out windows per source")
+    slots = models.PositiveSmallIntegerField(default=1, help_text=(
+        "the most slots it uses at once: as many as no training job holds or waits for"))
     out_dir = models.CharField(max_length=1024, help_text="the per-item records and results")
     items_done = models.PositiveIntegerField(default=0)
     items_total = models.PositiveIntegerField(null=True, help_text="null until it started")

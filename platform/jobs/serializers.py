@@ -173,7 +173,8 @@ class EvaluationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Evaluation
-        fields = ["id", "checkpoint", "step", "state", "tasks", "heldout_windows", "out_dir",
+        fields = ["id", "checkpoint", "step", "state", "tasks", "heldout_windows", "slots",
+                  "out_dir",
                   "items_done", "items_total", "results", "error", "created_at", "updated_at"]
         read_only_fields = fields
 

@@ -26,6 +26,9 @@ class Migration(migrations.Migration):
                     "only"), max_length=1024)),
                 ('heldout_windows', models.PositiveIntegerField(
                     default=32, help_text='held-out windows per source')),
+                ('slots', models.PositiveSmallIntegerField(default=1, help_text=(
+                    'the most slots it uses at once: as many as no training job holds or '
+                    'waits for'))),
                 ('out_dir', models.CharField(help_text='the per-item records and results',
                                              max_length=1024)),
                 ('items_done', models.PositiveIntegerField(default=0)),

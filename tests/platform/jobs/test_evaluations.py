@@ -4,9 +4,16 @@ another user's checkpoint is not found, and a task file outside the user's data 
 refused before anything is queued."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from engine.checkpoint.reader import resolve
+from engine.evaluate import evaluate
+from engine.runtime.spec import parse_spec
+from jobs import evaluations
 from jobs.confinement import uploads_dir
 from jobs.models import Evaluation, Job, State
 from monitor.models import Checkpoint
@@ -82,3 +89,60 @@ def test_a_task_file_outside_the_users_data_roots_is_refused(api, user, other_us
         assert refused.status_code == 400, attack
         assert list(refused.json()) == ["tasks"]
     assert not Evaluation.objects.exists()
+
+
+def trained_checkpoint(user, tmp_path) -> tuple[Job, Checkpoint]:
+    """A nano model trained 2 steps by the engine's own command line on a file in `user`'s
+    uploads, recorded as a finished job's disk checkpoint."""
+    uploads_dir(user).mkdir(parents=True, exist_ok=True)
+    data = uploads_dir(user) / "text.txt"
+    data.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
+    spec = {"name": "evaluate", "model": {"preset": "nano"},
+            "train": {"steps": 2, "micro_batch": 2, "seq_len": 32, "eval_every": 0,
+                      "threads": 1, "dataset": {"kind": "text", "paths": [str(data)],
+                                                "tokenizer": "bytes", "holdout": 0.25}},
+            "checkpoint": {"every": 0}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    run = subprocess.run([sys.executable, "-m", "engine.train", str(tmp_path / "spec.json"),
+                          "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    job = Job.objects.create(name="t", owner=user, spec=spec, state=State.COMPLETED)
+    path = resolve(tmp_path / "run" / "checkpoints").path
+    return job, Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
+                                          path=str(path))
+
+
+def test_a_two_slot_evaluation_yielding_a_slot_to_training_scores_each_item_once(
+        user, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluations, "CHUNK_ITEMS", 3)
+    job, checkpoint = trained_checkpoint(user, tmp_path)
+    (uploads_dir(user) / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    tasks = str((uploads_dir(user) / "tasks.jsonl").resolve())
+    evaluation = evaluations.start(checkpoint, tasks, heldout_windows=6, slots=2)
+    Path(evaluation.out_dir).mkdir(parents=True)
+    out_dir = Path(evaluation.out_dir)
+    launched, launch = [], evaluations._launch
+
+    def launch_and_note(engine: list[str], items: range, out: Path):
+        launched.append(items)
+        return launch(engine, items, out)
+
+    monkeypatch.setattr(evaluations, "_launch", launch_and_note)
+
+    def free() -> int:
+        """2 slots until the first item is scored (both slots at work: a chunk is 3 items);
+        then a training job takes one."""
+        return 2 if not any(p.stat().st_size for p in out_dir.glob("items-*.jsonl")) else 1
+
+    results = evaluations.run_slots(evaluation, free)
+
+    assert (results["complete"], results["items_total"]) == (True, 6 + len(TASKS))
+    # the second slot was stopped mid-chunk, and its chunk run again on the slot left
+    assert launched[:2] == [range(0, 3), range(3, 6)] and launched.count(range(3, 6)) == 2
+    indices = [json.loads(line)["index"] for p in out_dir.glob("items-*.jsonl")
+               for line in p.read_text().splitlines() if line.endswith("}")]
+    assert sorted(indices) == list(range(6 + len(TASKS)))  # each item scored exactly once
+    one_slot = evaluate(checkpoint.path, tmp_path / "one-slot", parse_spec(
+        json.loads((out_dir / "spec.json").read_text())), tasks=tasks, windows_per_source=6)
+    assert results == one_slot
