@@ -119,9 +119,11 @@ def test_a_two_slot_evaluation_yielding_a_slot_to_training_scores_each_item_once
     job, checkpoint = trained_checkpoint(user, tmp_path)
     (uploads_dir(user) / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     tasks = str((uploads_dir(user) / "tasks.jsonl").resolve())
-    evaluation = evaluations.start(checkpoint, tasks, heldout_windows=6, slots=2)
-    Path(evaluation.out_dir).mkdir(parents=True)
-    out_dir = Path(evaluation.out_dir)
+    out_dir = tmp_path / "evaluation"
+    out_dir.mkdir()
+    # run here, not queued (the session's worker would run it too)
+    evaluation = Evaluation.objects.create(checkpoint=checkpoint, tasks=tasks, heldout_windows=6,
+                                           slots=2, out_dir=str(out_dir))
     launched, launch = [], evaluations._launch
 
     def launch_and_note(engine: list[str], items: range, out: Path):
