@@ -506,7 +506,7 @@ def load_hf(model_dir: str | os.PathLike[str], config: MoEConfig) -> dict[str, t
 # --- command line ----------------------------------------------------------------------------
 
 
-def _load_spec(spec_path: Path | None, checkpoint: str) -> JobSpec:
+def load_spec(spec_path: Path | None, checkpoint: str) -> JobSpec:
     """The job spec from --spec, else from the checkpoint's manifest meta (key "spec")."""
     from engine.runtime.spec import parse_spec
 
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest safetensors file, e.g. 5GB or 500MB (default 5GB)")
     args = parser.parse_args(argv)
     try:
-        spec = _load_spec(args.spec, args.checkpoint)
+        spec = load_spec(args.spec, args.checkpoint)
         summary = export(args.checkpoint, args.out_dir, spec, max_shard_size=args.max_shard_size)
     except (ExportError, CheckpointError, OSError, ValueError) as e:  # SpecError: a ValueError
         print(f"export: {e}", file=sys.stderr)

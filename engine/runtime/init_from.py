@@ -61,17 +61,23 @@ def _load(path: Path, spec: JobSpec, model: nn.Module) -> tuple[str, Parent]:
         return f"Hugging Face weights from {path}", Parent(
             "init_from", str(path), lineage and lineage.get("step"), lineage)
     with _open(path) as reader:
-        _check_layout(reader, spec.model)
-        flat = reader.read("params", 0, reader.tensors["params"]["length"])
-        with torch.no_grad():
-            offset = 0
-            for p in model.parameters():  # the flat buffer's order
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        model.load_state_dict(checkpoint_buffers(reader), strict=False)
+        load_checkpoint_weights(reader, spec.model, model)
         info = reader.info
         return f"the weights of checkpoint {info.path}", Parent(
             "init_from", str(info.path), info.step, info.meta.get("lineage"))
+
+
+def load_checkpoint_weights(reader: CheckpointReader, config: MoEConfig, model: nn.Module) -> None:
+    """Fill `model` (an `MoEModel(config)`) with the checkpoint's parameters and buffers, from
+    any saved layout; ExportError naming each tensor of another model."""
+    _check_layout(reader, config)
+    flat = reader.read("params", 0, reader.tensors["params"]["length"])
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():  # the flat buffer's order
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    model.load_state_dict(checkpoint_buffers(reader), strict=False)
 
 
 class HasShards(Protocol):

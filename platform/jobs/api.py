@@ -34,7 +34,15 @@ from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
-from jobs import admission, calibration, confinement, exports, idempotency, proposals
+from jobs import (
+    admission,
+    calibration,
+    confinement,
+    evaluations,
+    exports,
+    idempotency,
+    proposals,
+)
 from jobs.backends import options as backend_options
 from jobs.errors import (
     BAD_BODY,
@@ -48,7 +56,16 @@ from jobs.errors import (
 )
 from jobs.idempotency import idempotent
 from jobs.login import LoginAccountThrottle, LoginAddressThrottle
-from jobs.models import ApiToken, AuditEntry, Export, IllegalTransition, Job, State, Webhook
+from jobs.models import (
+    ApiToken,
+    AuditEntry,
+    Evaluation,
+    Export,
+    IllegalTransition,
+    Job,
+    State,
+    Webhook,
+)
 from jobs.permissions import request_cause, token_creation_wait, visible_jobs
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.serializers import (
@@ -61,6 +78,7 @@ from jobs.serializers import (
     CommandRulesSerializer,
     CommandSerializer,
     DecideBody,
+    EvaluationSerializer,
     ExportSerializer,
     JobDetailSerializer,
     JobEventSerializer,
@@ -430,10 +448,42 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def start_export(self, request: Request, pk: str, checkpoint_id: str) -> Response:
         job = self.get_object()
         try:
-            started = exports.start(exports.exportable(job, int(checkpoint_id)))
-        except exports.ExportRefused as refused:
+            started = exports.start(exports.disk_checkpoint(job, int(checkpoint_id)))
+        except exports.CheckpointRefused as refused:
             return Response({"detail": str(refused)}, status=refused.status)
         return Response(ExportSerializer(started).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: EvaluationSerializer(many=True), **ERRORS}, filters=False,
+                   description="This checkpoint's evaluations, oldest first: state, items "
+                   "scored, results (held-out loss and perplexity per source, task scores, "
+                   "generations) and error.")
+    @action(detail=True, methods=["get"], url_name="checkpoint-evaluate",
+            url_path=r"checkpoints/(?P<checkpoint_id>[0-9]+)/evaluate")
+    def evaluate(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        if not Checkpoint.objects.filter(job=job, pk=checkpoint_id).exists():
+            raise NotFound(f"job {job.pk} has no checkpoint {checkpoint_id}")
+        return self._page(Evaluation.objects.filter(checkpoint=checkpoint_id),
+                          EvaluationSerializer)
+
+    @extend_schema(request=evaluations.EvaluateBody, parameters=[idempotency.PARAMETER],
+                   responses={202: EvaluationSerializer, **EXPORT_ERRORS},
+                   description="Evaluate a disk checkpoint on a worker: held-out loss and "
+                   "perplexity per source, and the task file's items; 202 with the evaluation "
+                   "(pending), which GET lists. A memory-tier checkpoint or one retention "
+                   "deleted answers 409 with the reason.")
+    @evaluate.mapping.post
+    @idempotent
+    def start_evaluation(self, request: Request, pk: str, checkpoint_id: str) -> Response:
+        job = self.get_object()
+        body = evaluations.EvaluateBody(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        try:
+            checkpoint = exports.disk_checkpoint(job, int(checkpoint_id), "evaluate")
+        except exports.CheckpointRefused as refused:
+            return Response({"detail": str(refused)}, status=refused.status)
+        started = evaluations.start(checkpoint, **body.validated_data)
+        return Response(EvaluationSerializer(started).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: JobEventSerializer(many=True), **ERRORS}, filters=False,
                    description="The job's state history (JobEvents), oldest first.")

@@ -1,6 +1,6 @@
 """Exporting a job's checkpoint as a Hugging Face model folder, never in the web process.
 
-`exportable` finds the checkpoint (or says why it cannot be exported), `start` records an
+`disk_checkpoint` finds the checkpoint (or says why it cannot be exported), `start` records an
 `Export` and queues `export_checkpoint`; the Celery task runs `python -m engine.export` in a
 child process (it imports torch and transformers, and their memory goes back when it exits)
 into `<RUNS_DIR>/<job id>/exports/<checkpoint name>/` and records how it went: done with the
@@ -25,25 +25,28 @@ from ringside.services import engine_env, python_module
 EXPORT_TIMEOUT_S = 3600.0
 
 
-class ExportRefused(Exception):
-    """The checkpoint cannot be exported; `status` is the HTTP answer (404 or 409)."""
+class CheckpointRefused(Exception):
+    """The checkpoint cannot be exported (or evaluated); `status` is the HTTP answer (404 or
+    409)."""
 
     def __init__(self, status: int, reason: str):
         self.status = status
         super().__init__(reason)
 
 
-def exportable(job: Job, checkpoint_id: int) -> Checkpoint:
-    """`job`'s checkpoint `checkpoint_id`, if it is a disk checkpoint that still exists."""
+def disk_checkpoint(job: Job, checkpoint_id: int, purpose: str = "export") -> Checkpoint:
+    """`job`'s checkpoint `checkpoint_id`, if it is a disk checkpoint that still exists;
+    `purpose` (export, evaluate) says what the refusal asks for instead."""
     found = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
     if found is None:
-        raise ExportRefused(404, f"job {job.pk} has no checkpoint {checkpoint_id}")
+        raise CheckpointRefused(404, f"job {job.pk} has no checkpoint {checkpoint_id}")
     if found.tier != CheckpointTier.DISK:
-        raise ExportRefused(409, f"checkpoint {checkpoint_id} (step {found.step}) is a "
-                                 f"{found.tier or 'memory'}-tier snapshot; export a disk one")
+        raise CheckpointRefused(409, f"checkpoint {checkpoint_id} (step {found.step}) is a "
+                                     f"{found.tier or 'memory'}-tier snapshot; {purpose} a "
+                                     "disk one")
     if not found.available:
-        raise ExportRefused(409, f"checkpoint {checkpoint_id} (step {found.step}) was deleted "
-                                 "by the job's retention (checkpoint.keep)")
+        raise CheckpointRefused(409, f"checkpoint {checkpoint_id} (step {found.step}) was deleted "
+                                     "by the job's retention (checkpoint.keep)")
     return found
 
 

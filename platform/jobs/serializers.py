@@ -35,6 +35,7 @@ from jobs.models import (
     ApiToken,
     AuditEntry,
     Command,
+    Evaluation,
     Export,
     Job,
     JobEvent,
@@ -164,6 +165,18 @@ class ExportSerializer(serializers.ModelSerializer):
         model = Export
         fields = ["checkpoint", "step", "state", "out_dir", "error", "summary", "created_at",
                   "updated_at"]
+        read_only_fields = fields
+
+
+class EvaluationSerializer(serializers.ModelSerializer):
+    checkpoint = serializers.PrimaryKeyRelatedField(read_only=True)
+    step = serializers.IntegerField(source="checkpoint.step", read_only=True)
+
+    class Meta:
+        model = Evaluation
+        fields = ["id", "checkpoint", "step", "state", "tasks", "heldout_windows", "slots",
+                  "out_dir",
+                  "items_done", "items_total", "results", "error", "created_at", "updated_at"]
         read_only_fields = fields
 
 

@@ -232,7 +232,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "ringside")
 # task modules other than the apps' `tasks` (which autodiscovery finds): the export, the
 # planner's host calibration and webhook deliveries
-CELERY_IMPORTS = ["jobs.exports", "jobs.calibration", "jobs.webhooks"]
+CELERY_IMPORTS = ["jobs.exports", "jobs.evaluations", "jobs.calibration", "jobs.webhooks"]
 
 # How long a cancelled engine gets between SIGTERM and SIGKILL.
 JOB_CANCEL_GRACE_S = float(os.environ.get("JOB_CANCEL_GRACE_S", "5"))
@@ -364,7 +364,9 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"JobStateEnum": "jobs.models.State",
                             "DatasetStateEnum": "datasets.models.DatasetState",
-                            "SinkStateEnum": "monitor.sinks.models.SinkState"},
+                            "SinkStateEnum": "monitor.sinks.models.SinkState",
+                            # an export's and an evaluation's (a worker's task)
+                            "ExportStateEnum": "jobs.models.ExportState"},
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -4,6 +4,7 @@
 // command is "done" on the page only once its effect shows: the API settles a resume or a
 // reshard before the engine runs again, so those wait for the job to run and step.
 import { api } from "./api.js";
+import { Evaluations } from "./evaluations.js";
 import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows, sharesText } from "./format.js";
 import { PlanTable } from "./plan.js";
@@ -77,7 +78,9 @@ export class Controls {
     }
     // a warm pause keeps the ranks in memory (the worker stays held); resume is immediate
     document.getElementById("pause-warm").addEventListener("click", () => this.send("pause", { mode: "warm" }, "pause-warm"));
-    this.exports = new Exports(job.id, document.getElementById("export-list"));
+    this.evaluations = new Evaluations(job.id, document.getElementById("evaluations"));
+    this.exports = new Exports(job.id, document.getElementById("export-list"),
+                               (c) => this.evaluations.button(c));
     document.getElementById("rollback-go").addEventListener("click", () => this.rollback());
     document.getElementById("reshard-go").addEventListener("click", () => this.reshard());
     document.getElementById("set-go").addEventListener("click", () => this.set());
@@ -263,6 +266,7 @@ export class Controls {
   setCheckpoints(checkpoints) {
     this.checkpoints = checkpoints;
     this.exports.show(checkpoints);
+    this.evaluations.show(this.exports.checkpoints);
     const list = document.getElementById("checkpoint-list");
     if (!checkpoints.length) {
       list.replaceChildren(el("li", { class: "muted" }, "No checkpoint yet."));

@@ -11,9 +11,11 @@ const UNDER_WAY = new Set(["pending", "running"]);
 const FOLLOW_MS = 1000;
 
 export class Exports {
-  constructor(jobId, list) {
+  // `more(checkpoint)`: other buttons for its row (Evaluate)
+  constructor(jobId, list, more = () => "") {
     this.jobId = jobId;
     this.list = list;
+    this.more = more;
     this.checkpoints = [];
     this.known = new Map(); // checkpoint id -> its export record (or a refusal)
   }
@@ -43,6 +45,7 @@ export class Exports {
     return el("li", { dataset: { checkpointId: checkpoint.id, exportState: record?.state ?? "" } },
       `step ${checkpoint.step} `,
       el("button", { class: "export", disabled: busy, onclick: () => this.start(checkpoint) }, "Export"),
+      " ", this.more(checkpoint),
       record ? el("span", { class: `export-state export-${record.state}` },
                   ` ${record.state}${detail ? `: ${detail}` : ""}`) : "",
       lineageRow(checkpoint));

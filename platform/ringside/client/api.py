@@ -195,6 +195,15 @@ class Client:
                 return None
             raise
 
+    def evaluate_checkpoint(self, job_id: int, checkpoint_id: int, tasks: str = "",
+                            heldout_windows: int = 32) -> dict[str, Any]:
+        return self._post(f"/api/jobs/{job_id}/checkpoints/{checkpoint_id}/evaluate/",
+                          {"tasks": tasks, "heldout_windows": heldout_windows})
+
+    def evaluations(self, job_id: int, checkpoint_id: int) -> list[dict[str, Any]]:
+        """The checkpoint's evaluations, oldest first."""
+        return self._all(f"/api/jobs/{job_id}/checkpoints/{checkpoint_id}/evaluate/")
+
     def plan(self, **query: Any) -> dict[str, Any]:
         """The PaRO planner's rows for `preset`, `nodes`, `procs_per_node`, `grad_accum`,
         `collective`, `memory_budget_gb` (each optional)."""

@@ -313,6 +313,28 @@ def export(ctx: typer.Context, job_id: JobId,
         raise typer.Exit(1)
 
 
+@checkpoints.command("evaluate")
+def evaluate(ctx: typer.Context, job_id: JobId,
+             checkpoint_id: Annotated[int, typer.Argument(help="the checkpoint's id")],
+             tasks: Annotated[str, typer.Option(help="a JSONL task file under your data roots "
+                                                "(e.g. one you uploaded)")] = "",
+             heldout_windows: Annotated[int, typer.Option(help="held-out windows scored per "
+                                                          "source")] = 32,
+             wait: Annotated[bool, typer.Option("--wait", help="follow the evaluation until it "
+                                                "is done or failed")] = False) -> None:
+    """Evaluate a checkpoint: held-out loss and perplexity per source, and your tasks."""
+    s = session(ctx)
+    with s.client() as client:
+        record = client.evaluate_checkpoint(job_id, checkpoint_id, tasks, heldout_windows)
+        while wait and record["state"] in ("pending", "running"):
+            time.sleep(EXPORT_POLL_S)
+            record = next(e for e in client.evaluations(job_id, checkpoint_id)
+                          if e["id"] == record["id"])
+        s.show(record, render.fields)
+    if record["state"] == "failed":
+        raise typer.Exit(1)
+
+
 @files.command("upload")
 def upload(ctx: typer.Context,
            path: Annotated[Path, typer.Argument(help="the file", exists=True, dir_okay=False)],

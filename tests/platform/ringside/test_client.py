@@ -26,7 +26,17 @@ from websockets.exceptions import ConnectionClosedError
 
 from engine.checkpoint.layout import MANIFEST
 from engine.contract import STRATEGIES
-from jobs.models import ApiToken, Cause, Command, Export, ExportState, Job, State, token_digest
+from jobs.models import (
+    ApiToken,
+    Cause,
+    Command,
+    Evaluation,
+    Export,
+    ExportState,
+    Job,
+    State,
+    token_digest,
+)
 from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, config
 from ringside.client.cli import main
@@ -272,6 +282,23 @@ def test_export_is_started_once_then_followed_and_a_failed_one_exits_1(ringside,
 
     listed = ringside("checkpoints", "list", job.pk).out
     assert re.search(rf"^│ {done.pk} +│ 1 +│ live +│ disk", listed, re.M), listed
+
+
+def test_evaluate_queues_an_evaluation_and_a_task_file_outside_the_roots_is_refused(
+        ringside, user, small_spec, tmp_path):
+    job = held(user, small_spec, State.RUNNING)
+    (tmp_path / "step-1").mkdir()
+    (tmp_path / "step-1" / MANIFEST).write_text("{}")
+    disk = Checkpoint.objects.create(job=job, seq=1, step=1, time=0.0, tier="disk",
+                                     path=str(tmp_path / "step-1"))
+
+    run = ringside("checkpoints", "evaluate", job.pk, disk.pk, "--tasks", "/etc/passwd")
+    assert run.code == 5 and "error: tasks: " in run.err
+    run = ringside("--json", "checkpoints", "evaluate", job.pk, disk.pk, "--heldout-windows", 4)
+    assert run.code == 0, run.err
+    record = json.loads(run.out)
+    assert (record["state"], record["heldout_windows"], record["tasks"]) == ("pending", 4, "")
+    assert Evaluation.objects.get(checkpoint=disk).pk == record["id"]
 
 
 def test_refusals_name_their_fields_and_exit_5(ringside, user, small_spec, tmp_path):
