@@ -173,11 +173,14 @@ class ResponseLadder:
             self.restart_times[kind] = self._recent_restarts(kind, now) + [now]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rung": dict(self.rung), "last_step": dict(self.last_step),
+        # keys as plain strings (kinds are StrEnums): a checkpoint's extras never need the
+        # contract's classes to be read
+        return {"rung": {str(k): v for k, v in self.rung.items()},
+                "last_step": {str(k): v for k, v in self.last_step.items()},
                 "retries": {str(k): v for k, v in self.retries.items()},
                 "rollback_times": list(self.rollback_times),
-                "restart_times": {k: list(v) for k, v in self.restart_times.items()},
-                "attention": dict(self.attention)}
+                "restart_times": {str(k): list(v) for k, v in self.restart_times.items()},
+                "attention": {str(k): v for k, v in self.attention.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rung = dict(state["rung"])
