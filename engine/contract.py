@@ -69,6 +69,11 @@ class JobState(StrEnum):
 FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 
 
+# the id of the pause a Slurm time limit asks for (engine.runtime.slurm): the platform knows it
+# from its acknowledgement and submits the job again from the checkpoint the pause writes
+TIME_LIMIT_COMMAND = "slurm-time-limit"
+
+
 class CommandKind(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"

@@ -23,14 +23,12 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from engine.contract import TIME_LIMIT_COMMAND
 from engine.runtime import control
 from engine.runtime.launch import Rendezvous
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
-# the id of the pause the time limit asks for: the platform knows it from its acknowledgement
-# and submits the job again from the checkpoint the pause writes
-TIME_LIMIT_COMMAND = "slurm-time-limit"
 
 
 class SlurmEnvironmentError(ValueError):

@@ -31,9 +31,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine import contract
-from engine.contract import ExitCode, JobState, PauseMode
+from engine.contract import TIME_LIMIT_COMMAND, ExitCode, JobState, PauseMode
 from engine.runtime.events import BUS_RETRY_S, BusOutage
-from engine.runtime.slurm import TIME_LIMIT_COMMAND
 from jobs import backends, commands, policy, proposals
 from jobs.backends import Launched
 from jobs.dispatch import send_schedule

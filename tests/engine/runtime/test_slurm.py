@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from engine.contract import TIME_LIMIT_COMMAND
 from engine.runtime.slurm import (
     PORT_BASE,
-    TIME_LIMIT_COMMAND,
     SlurmEnvironmentError,
     expand_nodelist,
     rendezvous,
