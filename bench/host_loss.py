@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -131,6 +132,7 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
         "lost": lost, "host": victim.name, "job": job.pk,
         "state": Job.objects.get(pk=job.pk).state, "lost_at_step": lost_at_step,
         "host_loss_to_first_step_s": round(first.data["time"] - killed, 2),
+        "host_loss_phases_s": loss_phases(job, killed, first),
         "resumed_at_step": first.step, "membership_after_loss": shrink.data,
         "host_loss_steps_lost": lost_at_step - (first.step - 1),
         "disk_checkpoint_step": disk.step, "memory_snapshot_step": snapshot.step,
@@ -145,6 +147,41 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
         "lost_or_duplicated_points": (len(set(range(1, steps + 1)) ^ set(stored))
                                       + len(stored) - len(set(stored))),
     }
+
+
+RESUMED = re.compile(r"^resumed at step \d+ from .* in (?P<seconds>[\d.]+) s$")
+
+
+def loss_phases(job: Any, killed: float, first: Any) -> dict[str, float]:
+    """Where the seconds from the kill to the first step went, from the events' times: the
+    survivor finds the host silent and requeues the job (`detect`); placement, the worker's
+    task and the supervisor up to the engine's launch (`relaunch`: the membership event,
+    published just before it); the launcher's interpreter and imports (`engine_start`: its
+    `starting` event); the rendezvous, the ranks' start and the model's build (`ranks_start`);
+    pooling the replicas and loading the state (`resume`: the seconds its log says); the first
+    step (`first_step`)."""
+    from jobs.models import JobEvent, State
+
+    requeued = JobEvent.objects.filter(job=job, to_state=State.QUEUED,
+                                       time__gt=_when(killed)).first()
+    membership = _events(job, "membership", killed).first()
+    starting = next(e for e in _events(job, "state", membership.data["time"])
+                    if e.data["state"] == "starting")
+    resumed = next(e for e in _events(job, "log", starting.data["time"])
+                   if RESUMED.match(e.data["message"]))
+    resume_s = float(RESUMED.match(resumed.data["message"])["seconds"])
+    marks = [("detect", requeued.time.timestamp()), ("relaunch", membership.data["time"]),
+             ("engine_start", starting.data["time"]),
+             ("ranks_start", resumed.data["time"] - resume_s), ("resume", resumed.data["time"]),
+             ("first_step", first.data["time"])]
+    since = [killed] + [t for _, t in marks]
+    return {name: round(t - before, 2) for (name, t), before in zip(marks, since, strict=False)}
+
+
+def _when(t: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC)
 
 
 def _replica_bytes(job: Any, host: str) -> int:

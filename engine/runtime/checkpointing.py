@@ -4,6 +4,7 @@ the in-process rollback that policy and commands share."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,6 +100,7 @@ class TrainCheckpoints:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
         one checkpoint folder; local paths or URLs); corrupt ones are skipped, each with an
         anomaly event."""
+        started = time.perf_counter()
         sources = self._whole_memory_checkpoint([location(s) for s in sources])
         if len(sources) == 1 and exists(sources[0] / MANIFEST):
             with CheckpointReader(inspect(sources[0])) as reader:
@@ -120,8 +122,11 @@ class TrainCheckpoints:
             # snapshots past this step are of an abandoned timeline: never pieced together
             # with a returning host's later (abandon_newer on every host, as forget_after)
             abandon_newer(memory, self.state.step)
-        self.emit(LogEvent(step=self.state.step, level="info",
-                           message=f"resumed at step {self.state.step} from {path}"))
+        # the seconds say what a relaunch spent finding, pooling and loading its state
+        # (bench.host_loss splits a lost host's recovery with them)
+        self.emit(LogEvent(step=self.state.step, level="info", message=(
+            f"resumed at step {self.state.step} from {path} in "
+            f"{time.perf_counter() - started:.2f} s")))
 
     def _whole_memory_checkpoint(self, sources: list[Location]) -> list[Location]:
         """On several hosts each memory tier holds its own host's parts and its ring
