@@ -2,6 +2,7 @@
 (issue #21: each <= 30 s; no stored point lost or duplicated).
 
     python -m bench.host_loss [--steps 90] [--checkpoint-every 30] [--memory-every 5]
+                              [--skip-overhead]
 
 Starts the platform's parts on an emulated cluster of two worker hosts (bench.host_cluster:
 a network namespace per host, 1 Gbit/s links, a real `manage.py worker` in each) against
@@ -15,7 +16,8 @@ after that snapshot, measures from the kill to the first step event trained on t
 memory snapshot as a replica: at most `memory_every`, where a disk checkpoint would cost up to
 `checkpoint.every`), starts the host's worker again and measures from the first checkpoint due
 after it registered to the first step trained on both hosts again, then checks the stored loss
-series holds every step once. Then the same job twice side by side, replication on and off:
+series holds every step once; `host_loss_phases_s` says where the seconds to the first step
+went. Then (unless `--skip-overhead`) the same job twice side by side, replication on and off:
 `replica_overhead` is the ratio of their median step times less 1. The memory cost (replica
 bytes a rank holds) and the blocking seconds of each memory snapshot are reported too. Needs
 root. Prints one JSON document.
@@ -241,11 +243,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--checkpoint-every", type=int, default=30)
     parser.add_argument("--memory-every", type=int, default=5)
+    parser.add_argument("--skip-overhead", action="store_true",
+                        help="no replication on/off runs (the host-loss trials only)")
     args = parser.parse_args()
     with platform_on_hosts(2, WORKER_SLOTS="4") as (made, owner):
         trials = [trial(lost, made, owner, args.steps, args.checkpoint_every, args.memory_every)
                   for lost in ("other", "lead")]
-        overhead = replica_overhead(owner, args.steps, args.memory_every)
+        overhead = (None if args.skip_overhead
+                    else replica_overhead(owner, args.steps, args.memory_every))
     from django.conf import settings
     from django.db import connection
 
@@ -261,8 +266,9 @@ def main() -> None:
         "ratios": {"host_loss_to_first_step_s": worst_loss,
                    "host_loss_steps_lost": max(t["host_loss_steps_lost"] for t in trials),
                    "memory_every": args.memory_every,
-                   "replica_overhead": round(
-                       overhead["step_time_on_s"] / overhead["step_time_off_s"] - 1, 3),
+                   **({"replica_overhead": round(
+                       overhead["step_time_on_s"] / overhead["step_time_off_s"] - 1, 3)}
+                      if overhead else {}),
                    "replica_bytes_per_rank": max(t["replica_bytes_per_rank"] for t in trials),
                    "memory_snapshot_blocking_s_median": round(statistics.median(blocking), 4),
                    "memory_snapshot_blocking_s_max": round(max(blocking), 4),
