@@ -135,6 +135,7 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
         "state": Job.objects.get(pk=job.pk).state, "lost_at_step": lost_at_step,
         "host_loss_to_first_step_s": round(first.data["time"] - killed, 2),
         "host_loss_phases_s": loss_phases(job, killed, first),
+        "load_avg_at_loss": os.getloadavg(),  # on a shared machine, the phases follow it
         "resumed_at_step": first.step, "membership_after_loss": shrink.data,
         "host_loss_steps_lost": lost_at_step - (first.step - 1),
         "disk_checkpoint_step": disk.step, "memory_snapshot_step": snapshot.step,
