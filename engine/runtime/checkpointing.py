@@ -48,6 +48,10 @@ class TrainCheckpoints:
             self.ring = ReplicaRing(ckpt.memory_dir, ckpt.rank, ckpt.world_size,
                                     self.ranks_per_host, ckpt.memory_keep)
             ckpt.on_memory_part = self.ring.send
+        if ckpt.every or ckpt.memory_every:
+            mine = [t for t, _, _ in dp.sharded_state().values()]
+            ckpt.reserve(sum(t.numel() * t.element_size() for t in mine),
+                         pinned=any(t.is_cuda for t in mine))
 
     def save(self, to_disk: bool = True) -> Location:
         shards = self.dp.sharded_state()
