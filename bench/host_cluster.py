@@ -19,7 +19,7 @@ import psutil
 
 from bench import cluster
 from bench.cluster import HostsSpec
-from ringside.services import REPO_ROOT
+from bench.platform_env import REPO_ROOT  # also puts the platform's packages on the path
 
 SUBNETS = range(214, 254)  # the first one no interface of this machine uses
 

@@ -2,6 +2,7 @@
 (issue #21: each <= 30 s; no stored point lost or duplicated).
 
     python -m bench.host_loss [--steps 90] [--checkpoint-every 30] [--memory-every 5]
+                              [--skip-overhead]
 
 Starts the platform's parts on an emulated cluster of two worker hosts (bench.host_cluster:
 a network namespace per host, 1 Gbit/s links, a real `manage.py worker` in each) against
@@ -15,7 +16,8 @@ after that snapshot, measures from the kill to the first step event trained on t
 memory snapshot as a replica: at most `memory_every`, where a disk checkpoint would cost up to
 `checkpoint.every`), starts the host's worker again and measures from the first checkpoint due
 after it registered to the first step trained on both hosts again, then checks the stored loss
-series holds every step once. Then the same job twice side by side, replication on and off:
+series holds every step once; `host_loss_phases_s` says where the seconds to the first step
+went. Then (unless `--skip-overhead`) the same job twice side by side, replication on and off:
 `replica_overhead` is the ratio of their median step times less 1. The memory cost (replica
 bytes a rank holds) and the blocking seconds of each memory snapshot are reported too. Needs
 root. Prints one JSON document.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -131,6 +134,8 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
         "lost": lost, "host": victim.name, "job": job.pk,
         "state": Job.objects.get(pk=job.pk).state, "lost_at_step": lost_at_step,
         "host_loss_to_first_step_s": round(first.data["time"] - killed, 2),
+        "host_loss_phases_s": loss_phases(job, killed, first),
+        "load_avg_at_loss": os.getloadavg(),  # on a shared machine, the phases follow it
         "resumed_at_step": first.step, "membership_after_loss": shrink.data,
         "host_loss_steps_lost": lost_at_step - (first.step - 1),
         "disk_checkpoint_step": disk.step, "memory_snapshot_step": snapshot.step,
@@ -145,6 +150,41 @@ def trial(lost: str, made: Any, owner: Any, steps: int, every: int,
         "lost_or_duplicated_points": (len(set(range(1, steps + 1)) ^ set(stored))
                                       + len(stored) - len(set(stored))),
     }
+
+
+RESUMED = re.compile(r"^resumed at step \d+ from .* in (?P<seconds>[\d.]+) s$")
+
+
+def loss_phases(job: Any, killed: float, first: Any) -> dict[str, float]:
+    """Where the seconds from the kill to the first step went, from the events' times: the
+    survivor finds the host silent and requeues the job (`detect`); placement, the worker's
+    task and the supervisor up to the engine's launch (`relaunch`: the membership event,
+    published just before it); the launcher's interpreter and imports (`engine_start`: its
+    `starting` event); the rendezvous, the ranks' start and the model's build (`ranks_start`);
+    pooling the replicas and loading the state (`resume`: the seconds its log says); the first
+    step (`first_step`)."""
+    from jobs.models import JobEvent, State
+
+    requeued = JobEvent.objects.filter(job=job, to_state=State.QUEUED,
+                                       time__gt=_when(killed)).first()
+    membership = _events(job, "membership", killed).first()
+    starting = next(e for e in _events(job, "state", membership.data["time"])
+                    if e.data["state"] == "starting")
+    resumed = next(e for e in _events(job, "log", starting.data["time"])
+                   if RESUMED.match(e.data["message"]))
+    resume_s = float(RESUMED.match(resumed.data["message"])["seconds"])
+    marks = [("detect", requeued.time.timestamp()), ("relaunch", membership.data["time"]),
+             ("engine_start", starting.data["time"]),
+             ("ranks_start", resumed.data["time"] - resume_s), ("resume", resumed.data["time"]),
+             ("first_step", first.data["time"])]
+    since = [killed] + [t for _, t in marks]
+    return {name: round(t - before, 2) for (name, t), before in zip(marks, since, strict=False)}
+
+
+def _when(t: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC)
 
 
 def _replica_bytes(job: Any, host: str) -> int:
@@ -204,11 +244,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--checkpoint-every", type=int, default=30)
     parser.add_argument("--memory-every", type=int, default=5)
+    parser.add_argument("--skip-overhead", action="store_true",
+                        help="no replication on/off runs (the host-loss trials only)")
     args = parser.parse_args()
     with platform_on_hosts(2, WORKER_SLOTS="4") as (made, owner):
         trials = [trial(lost, made, owner, args.steps, args.checkpoint_every, args.memory_every)
                   for lost in ("other", "lead")]
-        overhead = replica_overhead(owner, args.steps, args.memory_every)
+        overhead = (None if args.skip_overhead
+                    else replica_overhead(owner, args.steps, args.memory_every))
     from django.conf import settings
     from django.db import connection
 
@@ -224,8 +267,9 @@ def main() -> None:
         "ratios": {"host_loss_to_first_step_s": worst_loss,
                    "host_loss_steps_lost": max(t["host_loss_steps_lost"] for t in trials),
                    "memory_every": args.memory_every,
-                   "replica_overhead": round(
-                       overhead["step_time_on_s"] / overhead["step_time_off_s"] - 1, 3),
+                   **({"replica_overhead": round(
+                       overhead["step_time_on_s"] / overhead["step_time_off_s"] - 1, 3)}
+                      if overhead else {}),
                    "replica_bytes_per_rank": max(t["replica_bytes_per_rank"] for t in trials),
                    "memory_snapshot_blocking_s_median": round(statistics.median(blocking), 4),
                    "memory_snapshot_blocking_s_max": round(max(blocking), 4),

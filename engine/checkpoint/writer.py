@@ -311,6 +311,9 @@ class Checkpointer:
 
     def _release(self, staging: Staging) -> None:
         with self._buffers:
+            if self._closed and not self._thread.is_alive():  # a reservation done too late
+                staging.close()
+                return
             self._free.append(staging)
             self._buffers.notify()
 
@@ -331,29 +334,40 @@ class Checkpointer:
                 self._release(job.staging)
             try:
                 self._stage_ahead(job)
-            except Exception as e:
-                self._error = self._error or e
             finally:
                 self._jobs.task_done()
         self._jobs.task_done()
+
+    def reserve(self, nbytes: int, pinned: bool) -> None:
+        """Make the first save's staging buffer (its tensors' `nbytes`; `pinned` for GPU
+        shards) now, on a thread of its own, while the run builds and takes its first steps:
+        made in the save, it was a stall of seconds for a large state or on a busy host."""
+        threading.Thread(target=self._stage, args=(nbytes, pinned),
+                         name=f"checkpoint-reserve-r{self.rank}", daemon=True).start()
 
     def _stage_ahead(self, job: _Job) -> None:
         """When a save's buffer became its memory-tier file, make the next save's buffer now,
         here rather than in the next save: a blocking copy into fresh memory costs several
         times one into memory that is ready."""
-        if job.staging.reusable:
-            return
+        if not job.staging.reusable:
+            self._stage(job.nbytes, pinned=False)
+
+    def _stage(self, nbytes: int, pinned: bool) -> None:
+        """A new free buffer of `nbytes`, unless one is free to take already or enough are
+        made; a failure is raised by the next save."""
         with self._buffers:
             waiting = sum(not b.reusable for b in self._free)
-            if len(self._free) > waiting or self._allocated - waiting >= _STAGING_BUFFERS:
+            if (self._closed or len(self._free) > waiting
+                    or self._allocated - waiting >= _STAGING_BUFFERS):
                 return
             self._allocated += 1
         try:
-            staging = Staging(job.nbytes, pinned=False, folder=self.memory_dir)
-        except BaseException:
+            staging = Staging(nbytes, pinned=pinned, folder=self.memory_dir)
+        except Exception as e:
             with self._buffers:
                 self._allocated -= 1
-            raise
+            self._error = self._error or e
+            return
         self._release(staging)
 
     def _persist(self, job: _Job) -> None:

@@ -4,6 +4,7 @@ the in-process rollback that policy and commands share."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,10 @@ class TrainCheckpoints:
             self.ring = ReplicaRing(ckpt.memory_dir, ckpt.rank, ckpt.world_size,
                                     self.ranks_per_host, ckpt.memory_keep)
             ckpt.on_memory_part = self.ring.send
+        if ckpt.every or ckpt.memory_every:
+            mine = [t for t, _, _ in dp.sharded_state().values()]
+            ckpt.reserve(sum(t.numel() * t.element_size() for t in mine),
+                         pinned=any(t.is_cuda for t in mine))
 
     def save(self, to_disk: bool = True) -> Location:
         shards = self.dp.sharded_state()
@@ -99,6 +104,7 @@ class TrainCheckpoints:
         """Continue from the newest good checkpoint in `sources` (folders of checkpoints, or
         one checkpoint folder; local paths or URLs); corrupt ones are skipped, each with an
         anomaly event."""
+        started = time.perf_counter()
         sources = self._whole_memory_checkpoint([location(s) for s in sources])
         if len(sources) == 1 and exists(sources[0] / MANIFEST):
             with CheckpointReader(inspect(sources[0])) as reader:
@@ -120,8 +126,11 @@ class TrainCheckpoints:
             # snapshots past this step are of an abandoned timeline: never pieced together
             # with a returning host's later (abandon_newer on every host, as forget_after)
             abandon_newer(memory, self.state.step)
-        self.emit(LogEvent(step=self.state.step, level="info",
-                           message=f"resumed at step {self.state.step} from {path}"))
+        # the seconds say what a relaunch spent finding, pooling and loading its state
+        # (bench.host_loss splits a lost host's recovery with them)
+        self.emit(LogEvent(step=self.state.step, level="info", message=(
+            f"resumed at step {self.state.step} from {path} in "
+            f"{time.perf_counter() - started:.2f} s")))
 
     def _whole_memory_checkpoint(self, sources: list[Location]) -> list[Location]:
         """On several hosts each memory tier holds its own host's parts and its ring

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.contract import ExitCode
 from engine.ports import interface_of
-from engine.runtime import slurm
-from engine.runtime.launch import Rendezvous, RunDirInUse, RunTarget, launch
 from engine.runtime.spec import JobSpec, SpecError, parse_spec
+
+if TYPE_CHECKING:
+    from engine.runtime.launch import Rendezvous
+
+# what the ranks run, imported once in the forkserver they fork from (torch and the engine)
+RANKS_MODULE = "engine.runtime.launch"
 
 
 def nnodes(text: str) -> tuple[int, int]:
@@ -93,8 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
     """The rendezvous the arguments ask for; ValueError naming the argument if the spec's
-    nodes do not spread over the hosts, or several hosts have no endpoint to meet at."""
+    nodes do not spread over the hosts, or several hosts have no endpoint to meet at. Once
+    the arguments hold, the ranks' forkserver starts (`start_ranks_server`), then this
+    process imports the engine."""
     if args.rendezvous == "slurm":
+        from engine.runtime import slurm
+
         rdzv = slurm.rendezvous(os.environ, args.rdzv_conf)
         if spec.parallel.nodes % rdzv.max_nodes:
             raise ValueError(f"--rendezvous slurm: parallel.nodes ({spec.parallel.nodes}) must "
@@ -108,6 +119,9 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
                          f"of the hosts ({high}): each host runs whole nodes")
     if high > 1 and not args.rdzv_endpoint:
         raise ValueError("--rdzv-endpoint: a job on several hosts needs one, on the lead host")
+    start_ranks_server()
+    from engine.runtime.launch import Rendezvous
+
     return Rendezvous(min_nodes=low, max_nodes=high, endpoint=args.rdzv_endpoint or "",
                       run_id=args.rdzv_id or args.job or spec.name, local_addr=args.local_addr,
                       configs=args.rdzv_conf)
@@ -135,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return ExitCode.USAGE
+    from engine.runtime.launch import RunDirInUse, RunTarget, launch
+
     run_dir = args.run_dir or Path("runs") / spec.name
     target = RunTarget(
         run_dir=run_dir,
@@ -149,3 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirInUse as e:
         print(f"run: {e}", file=sys.stderr)
         return ExitCode.USAGE
+
+
+def start_ranks_server() -> None:
+    """Start the forkserver the ranks fork from, importing the engine (torch) beside this
+    launcher's own import of it instead of after it (two imports of torch in a row were a
+    third of a relaunch on a busy host: a lost host's survivors reach their first step
+    seconds sooner). Only once this process's environment is final, as the ranks inherit the
+    forkserver's (under Slurm it is not yet: `engine.runtime.launch` starts it there); this
+    module imports the engine only after it for that reason."""
+    multiprocessing.set_forkserver_preload([RANKS_MODULE])
+    forkserver.ensure_running()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,34 @@ def test_the_memory_tier_file_is_the_staging_buffer_linked_not_copied(tmp_path):
     target = torch.empty(N)
     load_into(memory / "step-000001", {"w": (target, 0, N)})
     assert torch.equal(target, values(1))
+
+
+def test_a_reserved_buffer_is_made_before_the_first_save_and_taken_by_it(tmp_path):
+    """The first save copies into memory made beforehand, not memory it makes while the
+    step waits: its memory-tier file is the buffer `reserve` made."""
+    memory = tmp_path / "memory"
+    ckpt = Checkpointer(tmp_path / "disk", memory_dir=memory)
+    ckpt.reserve(N * 4, pinned=False)
+    for _ in range(600):  # its own thread makes it
+        if staging_files(memory):
+            break
+        time.sleep(0.05)
+    (reserved,) = staging_files(memory)
+    ckpt.save(1, {"w": (values(1), 0, N)})
+    ckpt.wait()
+    assert memory_data_file(memory, 1).stat().st_ino == reserved.stat().st_ino
+    ckpt.close()
+    target = torch.empty(N)
+    load_into(memory / "step-000001", {"w": (target, 0, N)})
+    assert torch.equal(target, values(1))
+
+
+def test_a_reservation_after_close_leaves_no_buffer(tmp_path):
+    memory = tmp_path / "memory"
+    ckpt = Checkpointer(tmp_path / "disk", memory_dir=memory)
+    ckpt.close()
+    ckpt._stage(N * 4, pinned=False)  # what a reservation thread finishing late does
+    assert staging_files(memory) == []
 
 
 @pytest.mark.parametrize("memory_keep", [1, 2])

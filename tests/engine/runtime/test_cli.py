@@ -3,12 +3,17 @@ the argument and end with the usage exit code before anything runs."""
 
 import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from engine.contract import ExitCode
 from engine.runtime.cli import build_parser, main
 from engine.runtime.launch import Rendezvous, is_this_host
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def spec_file(tmp_path, nodes: int = 2, procs_per_node: int = 2) -> str:
@@ -74,3 +79,40 @@ def test_the_lead_is_the_launcher_on_the_endpoints_host():
     assert Rendezvous(max_nodes=2, endpoint="[::1]:29500").host == "::1"
     # a job on one host is led by its only launcher, wherever its endpoint is
     assert Rendezvous(max_nodes=1, endpoint="192.0.2.1:29500").is_lead()
+
+
+# run as `python -m engine.train` runs it, reporting whether the ranks' forkserver was up when
+# the launcher began importing torch
+WATCHED_LAUNCH = """
+import sys
+from multiprocessing import forkserver
+
+class FirstTorchImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            print("forkserver up" if forkserver._forkserver._forkserver_pid else "no forkserver")
+        return None
+
+sys.meta_path.insert(0, FirstTorchImport())
+from engine.runtime.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_ranks_forkserver_imports_the_engine_beside_the_launchers_own_import(tmp_path):
+    """A launch (a lost host's relaunch among them) imports torch twice, in the launcher and
+    in the forkserver its ranks fork from: the forkserver is started before the launcher's
+    import, so the two run at once rather than one after the other."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({
+        "name": "forkserver", "model": {"preset": "nano"},
+        "parallel": {"nodes": 1, "procs_per_node": 1},
+        "train": {"steps": 1, "micro_batch": 1, "seq_len": 16, "eval_every": 0,
+                  "trace_every": 0, "device": "cpu"},
+        "checkpoint": {"every": 0}}))
+    run = subprocess.run([sys.executable, "-c", WATCHED_LAUNCH, str(spec),
+                          "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == ExitCode.COMPLETED, run.stderr[-2000:]
+    assert run.stdout.splitlines()[0] == "forkserver up"
