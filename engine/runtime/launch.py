@@ -318,7 +318,7 @@ def _launch_once(spec: JobSpec, target: RunTarget, rdzv: Rendezvous, incarnation
     config = LaunchConfig(
         min_nodes=rdzv.min_nodes,
         max_nodes=rdzv.max_nodes,
-        nproc_per_node=spec.parallel.world_size // spec.parallel.hosts,
+        nproc_per_node=spec.parallel.ranks_per_host,
         run_id=f"{run_id}-{incarnation}" if incarnation else run_id,
         role="rank",
         rdzv_backend="c10d",

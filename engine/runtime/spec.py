@@ -72,6 +72,11 @@ class ParallelSpec:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def ranks_per_host(self) -> int:
+        """Each host's ranks: the nodes spread evenly over the hosts (parse_spec checks it)."""
+        return self.world_size // self.hosts
+
 
 @dataclass
 class DatasetSpec:
