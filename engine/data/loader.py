@@ -25,6 +25,7 @@ import torch
 
 from engine.data.blend import Blend
 from engine.data.catalog import open_sources
+from engine.data.needs import SourceSize, data_errors
 from engine.data.permutation import Permutation
 from engine.data.span import MixSource, TensorSpan
 from engine.errors import DataError
@@ -219,20 +220,17 @@ def training_data(spec: JobSpec, rank: int, world_size: int) -> TokenLoader:
     """The job's loader for this rank; DataError naming the field at fault."""
     t = spec.train
     sources = open_sources(spec)
-    for i, source in enumerate(sources):
-        where = f"source {source.name!r}" if len(sources) > 1 else "the dataset"
-        if source.vocab_size > spec.model.vocab_size:
-            raise DataError(f"model.vocab_size: {spec.model.vocab_size} is smaller than "
-                            f"the tokenizer's vocabulary ({source.vocab_size}) of {where}")
-        field = f"train.data.mix.{i}.path" if t.data.mix else "train.dataset.paths"
-        if (len(source.train) - 1) // t.seq_len < 1:
-            raise DataError(f"{field}: {where} has {len(source.train)} training tokens, "
-                            f"too few for one window of train.seq_len {t.seq_len}")
-        batch = t.micro_batch * world_size
-        if t.eval_every and (len(source.heldout) - 1) // t.seq_len < batch:
-            raise DataError(
-                f"train.dataset.holdout: {where}'s held-out split has {len(source.heldout)} "
-                f"tokens, too few for one evaluation batch of {batch} windows of "
-                f"train.seq_len {t.seq_len}")
+    errors = data_errors(spec, [_size(spec, i, s) for i, s in enumerate(sources)], world_size)
+    if errors:
+        raise DataError("; ".join(f"{field}: {message}" for field, message in errors.items()))
     return TokenLoader(sources, t.seq_len, t.micro_batch, rank, world_size, t.seed,
                        grad_accum=t.grad_accum, document_mask=t.data.document_mask)
+
+
+def _size(spec: JobSpec, i: int, source: MixSource) -> SourceSize:
+    """Source `i` of `spec` as the data rule sees it, named by the field that chose it."""
+    if spec.train.data.mix:
+        return SourceSize(source.name, f"train.data.mix.{i}.path", source.vocab_size,
+                          len(source.train), len(source.heldout))
+    return SourceSize("", "train.dataset.paths", source.vocab_size, len(source.train),
+                      len(source.heldout), holdout_field="train.dataset.holdout")

@@ -3,7 +3,8 @@
 Without `--bus`, events go to a JSONL file only (default `<run dir>/events.jsonl`); with
 `--bus REDIS_URL --job ID`, rank 0 also publishes them to the job's Redis stream.
 On several hosts, each runs the same command with torchrun's arguments (`--nnodes`,
-`--rdzv-endpoint`, `--rdzv-id`, `--local-addr`); each host runs world_size / nnodes ranks.
+`--rdzv-endpoint`, `--rdzv-id`, `--local-addr`) and its own `--node-rank` (0: the lead, on the
+endpoint's host); each host runs world_size / nnodes ranks.
 Under Slurm, `srun` runs it once per node with `--rendezvous slurm` instead: the allocation
 says the hosts (engine.runtime.slurm).
 """
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--rdzv-endpoint", type=endpoint, metavar="HOST:PORT",
                        help="the c10d rendezvous, on the lead host (default: 127.0.0.1 and "
                             "a free port; needed with --nnodes above 1)")
+    hosts.add_argument("--node-rank", type=int, metavar="N",
+                       help="this host's number among the job's, 0 to N-1 (needed with --nnodes "
+                            "above 1): 0 is the lead, on the --rdzv-endpoint's host")
     hosts.add_argument("--rdzv-id", default="", metavar="ID",
                        help="the rendezvous's run id, the same on every host (default: --job)")
     hosts.add_argument("--rdzv-conf", type=rdzv_conf, default={}, metavar="KEY=VALUE,...",
@@ -119,12 +123,15 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
                          f"of the hosts ({high}): each host runs whole nodes")
     if high > 1 and not args.rdzv_endpoint:
         raise ValueError("--rdzv-endpoint: a job on several hosts needs one, on the lead host")
+    if high > 1 and not (args.node_rank is not None and 0 <= args.node_rank < high):
+        raise ValueError(f"--node-rank: a job on several hosts numbers each, 0 to {high - 1} "
+                         "(0 the lead, on the endpoint's host)")
     start_ranks_server()
     from engine.runtime.launch import Rendezvous
 
     return Rendezvous(min_nodes=low, max_nodes=high, endpoint=args.rdzv_endpoint or "",
                       run_id=args.rdzv_id or args.job or spec.name, local_addr=args.local_addr,
-                      configs=args.rdzv_conf)
+                      configs=args.rdzv_conf, node_rank=args.node_rank or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ The launcher process publishes the lifecycle (`starting`, then exactly one of `c
 written through a fresh `EventLog`, so its sequence number follows whatever rank 0 wrote.
 
 A job on several hosts runs one launcher per host, as torchrun does (`Rendezvous`: the c10d
-rendezvous at an endpoint on one of them). The launcher on the endpoint's host is the lead:
-it alone publishes the lifecycle, and its ranks come first, so rank 0 runs beside it.
+rendezvous at an endpoint on one of them). Whoever placed the hosts numbers them (`--node-rank`:
+the platform, Slurm, the user); node 0, on the endpoint's host, is the lead: it alone publishes
+the lifecycle, and its ranks come first, so rank 0 runs beside it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -72,12 +71,16 @@ class RunTarget:
     bus_url: str | None = None
     resume_from: Path | None = None
     metrics_port: int | None = None  # rank 0 serves Prometheus text at /metrics
-    lead: bool = True  # whether this launcher publishes the lifecycle (see Rendezvous)
+    node_rank: int = 0  # this host's (Rendezvous); the lead's, 0, publishes the lifecycle
     # the fault policy restarted the ranks: they resume from the run's own newest checkpoint
     restarted: bool = False
     # the folders whose paths a failure's message may show (a platform job's run folder and
     # data roots); empty: every path (the engine's own command line, one user's tool)
     visible: tuple[str, ...] = ()
+
+    @property
+    def lead(self) -> bool:
+        return self.node_rank == 0
 
     def emit(self, event: Event) -> None:
         if self.visible and isinstance(event, StateEvent) and event.error:
@@ -110,29 +113,13 @@ class Rendezvous:
     run_id: str = ""  # "" = the job id
     local_addr: str | None = None  # the address the other hosts reach this one at
     configs: dict[str, str] = dataclasses.field(default_factory=dict)  # torchrun's --rdzv-conf
+    # this host's place among the job's hosts, as whoever placed them numbered it (the
+    # platform, Slurm, the command line): 0 is the lead, on the endpoint's host
+    node_rank: int = 0
 
     @property
     def host(self) -> str:
         return self.endpoint.rpartition(":")[0].strip("[]") or "127.0.0.1"
-
-    def is_lead(self) -> bool:
-        """The launcher on the endpoint's host leads (or the one of a single-host job)."""
-        return self.max_nodes == 1 or is_this_host(self.host)
-
-
-def is_this_host(host: str) -> bool:
-    """Whether `host` (a name or an address) is this machine: its name, a loopback address,
-    or an address of one of its interfaces (in a network namespace, of the namespace's: torch
-    compares with the addresses the host name resolves to, which a namespace does not own)."""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        resolved = {info[4][0] for info in socket.getaddrinfo(host, None,
-                                                              proto=socket.IPPROTO_TCP)}
-    except OSError:
-        return False
-    mine = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
-    return any(ipaddress.ip_address(a).is_loopback or a in mine for a in resolved)
 
 
 def on_hosts(spec: JobSpec, rdzv: Rendezvous) -> JobSpec:
@@ -162,23 +149,22 @@ def resume_sources(spec: JobSpec, target: RunTarget, restarted: bool) -> list[Pa
     return None
 
 
-def _lead_first(lead: bool) -> None:
-    """Number the ranks so that the lead host's come first: rank 0, which publishes the
-    events and reads the commands, runs beside the launcher that publishes the lifecycle.
-    (The rendezvous orders the hosts by address; only the order of whole hosts changes.)"""
+def _number_hosts(node_rank: int) -> None:
+    """Number the hosts' ranks in the order of their node ranks, so that the lead's come first:
+    rank 0, which publishes the events and reads the commands, runs beside the launcher that
+    publishes the lifecycle. (The rendezvous orders the hosts by address; only the order of
+    whole hosts changes, and a host that did not meet leaves no gap.)"""
     hosts = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     if hosts == 1:
         return
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    group = os.environ["GROUP_RANK"]
-    # the first lead to answer wins (two launchers on one machine may both think they lead)
-    offered = group if lead and os.environ["LOCAL_RANK"] == "0" else ""
-    key = f"ringside-lead/{restart}"
-    lead_group = int(store.compare_set(key, "", offered) if offered else store.get(key))
-    host = (int(group) - lead_group) % hosts
-    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    key = f"ringside-node/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    store.set(key + os.environ["GROUP_RANK"], str(node_rank))
+    ranks = sorted(int(store.get(key + str(group))) for group in range(hosts))
+    if len(set(ranks)) < hosts:
+        raise ValueError(f"--node-rank: the hosts that met say {ranks}: each needs its own")
+    host, local = ranks.index(node_rank), int(os.environ["LOCAL_WORLD_SIZE"])
     os.environ["GROUP_RANK"] = str(host)
     os.environ["RANK"] = str(host * local + int(os.environ["LOCAL_RANK"]))
 
@@ -199,7 +185,7 @@ def _on_rendezvous_world(spec: JobSpec) -> tuple[JobSpec, str | None]:
 @record
 def run_rank(spec_data: dict, target: RunTarget) -> Outcome:
     """The entry point of every rank (a spawned process with the elastic environment)."""
-    _lead_first(target.lead)
+    _number_hosts(target.node_rank)
     spec, relaid = _on_rendezvous_world(parse_spec(spec_data))
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -252,7 +238,7 @@ def _failure_message(error: ChildFailedError) -> str:
 def launch(spec: JobSpec, target: RunTarget, rdzv: Rendezvous = Rendezvous()) -> int:
     """Run this host's ranks of the job to the end; returns the process exit code (on every
     host: their ranks agree on how the run ends, as commands reach all of them)."""
-    target = dataclasses.replace(target, lead=rdzv.is_lead(), visible=(
+    target = dataclasses.replace(target, node_rank=rdzv.node_rank, visible=(
         (str(target.run_dir), *spec.data.roots) if spec.data.roots else ()))
     spec = on_hosts(spec, rdzv)
     directory = checkpoint_dir(spec.checkpoint.dir, target.run_dir)
@@ -332,7 +318,7 @@ def _launch_once(spec: JobSpec, target: RunTarget, rdzv: Rendezvous, incarnation
     config = LaunchConfig(
         min_nodes=rdzv.min_nodes,
         max_nodes=rdzv.max_nodes,
-        nproc_per_node=spec.parallel.world_size // spec.parallel.hosts,
+        nproc_per_node=spec.parallel.ranks_per_host,
         run_id=f"{run_id}-{incarnation}" if incarnation else run_id,
         role="rank",
         rdzv_backend="c10d",

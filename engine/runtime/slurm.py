@@ -70,7 +70,7 @@ def rendezvous(env: Mapping[str, str], configs: dict[str, str] | None = None) ->
     port = PORT_BASE + int(job) % PORT_SPAN
     return Rendezvous(min_nodes=count, max_nodes=count, endpoint=f"{address(nodes[0])}:{port}",
                       run_id=f"slurm-{job}-{restarts}", local_addr=address(nodes[node]),
-                      configs=configs or {})
+                      configs=configs or {}, node_rank=node)
 
 
 def address(node: str) -> str:

@@ -19,6 +19,8 @@ from engine.anomaly.inject import FaultInjection
 from engine.anomaly.policy import BOUNDS as POLICY_BOUNDS
 from engine.anomaly.policy import FaultPolicy, policy_errors
 from engine.contract import COLLECTIVES, STRATEGIES
+from engine.data.needs import SourceSize as SourceSize  # re-exported for the platform
+from engine.data.needs import data_errors as data_errors
 from engine.errors import SpecError
 from engine.moe.config import BOUNDS as MODEL_BOUNDS
 from engine.moe.config import PRESETS, MoEConfig
@@ -69,6 +71,11 @@ class ParallelSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def ranks_per_host(self) -> int:
+        """Each host's ranks: the nodes spread evenly over the hosts (parse_spec checks it)."""
+        return self.world_size // self.hosts
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from datasets.models import Dataset, DatasetState, split_counts, visible_datasets
-from engine.runtime.spec import JobSpec
+from engine.runtime.spec import JobSpec, SourceSize, data_errors
 from jobs.models import Job
 
 UNRESOLVED = "<unresolved>"
@@ -83,37 +83,24 @@ def _unusable(found: Dataset | str, before: list[dict]) -> str | None:
     return None
 
 
-def _mixed(spec: JobSpec) -> list[tuple[int, Dataset]]:
+def _sizes(spec: JobSpec) -> list[SourceSize]:
+    """The spec's mix entries that name a dataset, as the data rule sees each (by the field
+    the user set: its `dataset`)."""
     by_folder = {d.folder: d for d in Dataset.objects.filter(
         folder__in=[e.path for e in spec.train.data.mix])}
-    return [(i, by_folder[e.path]) for i, e in enumerate(spec.train.data.mix)
-            if e.path in by_folder]
+    return [SourceSize(d.name, f"train.data.mix.{i}.dataset", d.vocab_size or 0,
+                       split_counts(d.manifest, "train")["tokens"],
+                       split_counts(d.manifest, "heldout")["tokens"],
+                       holdout_hint=f"register it with a larger holdout than {d.holdout:g}")
+            for i, e in enumerate(spec.train.data.mix) if (d := by_folder.get(e.path))]
 
 
 def spec_errors(spec: JobSpec) -> dict[str, str]:
-    """What the job's datasets cannot give the parsed `spec`, by field: a tokenizer whose
-    vocabulary the model does not hold, fewer training tokens than one step's batch, fewer
-    held-out tokens than one evaluation batch (when it evaluates)."""
-    t, errors = spec.train, {}
-    step_windows = t.micro_batch * spec.parallel.world_size * t.grad_accum
-    for i, dataset in _mixed(spec):
-        field = f"train.data.mix.{i}.dataset"
-        vocab = dataset.vocab_size or 0
-        if vocab > spec.model.vocab_size:
-            errors["model.vocab_size"] = (
-                f"must be at least {vocab}, the vocabulary of dataset {dataset.name!r}'s "
-                "tokenizer (leave it out to follow the tokenizer)")
-        train = split_counts(dataset.manifest, "train")["tokens"]
-        heldout = split_counts(dataset.manifest, "heldout")["tokens"]
-        if train < step_windows * t.seq_len + 1:
-            errors[field] = (
-                f"dataset {dataset.name!r} holds {train} training tokens, fewer than one "
-                f"step's batch ({step_windows} windows of train.seq_len {t.seq_len} + 1)")
-        elif t.eval_every and heldout < t.micro_batch * t.seq_len + 1:
-            errors[field] = (
-                f"dataset {dataset.name!r}'s held-out split (holdout {dataset.holdout:g}) holds "
-                f"{heldout} tokens, fewer than one evaluation batch ({t.micro_batch} windows of "
-                f"train.seq_len {t.seq_len} + 1): register it with a larger holdout")
+    """What the job's datasets cannot give the parsed `spec`, by field (engine.data.needs, the
+    rule the engine applies again at start), with what the user can do about it."""
+    errors = data_errors(spec, _sizes(spec), spec.parallel.world_size)
+    if "model.vocab_size" in errors:  # at submit the tokenizer's is the default
+        errors["model.vocab_size"] += " (leave it out to follow the tokenizer)"
     return errors
 
 

@@ -128,10 +128,8 @@ def host_fit(spec: JobSpec, host: Host) -> Fit | None:
         device = f"{host.name}: memory"
     else:
         return None
-    p = spec.parallel
-    ranks_here = p.nodes // p.hosts * p.procs_per_node
     return Fit(need_bytes=smallest_state_bytes(spec, kind)
-               * ranks_per_device(ranks_here, kind, count),
+               * ranks_per_device(spec.parallel.ranks_per_host, kind, count),
                device_bytes=device_bytes, device=device)
 
 

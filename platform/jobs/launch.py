@@ -96,7 +96,8 @@ def engine_command(job: Job, spec_path: Path, share: HostShare = HostShare(),
     ]
     if share.nnodes > 1:
         command += ["--nnodes", str(share.nnodes), "--rdzv-endpoint", share.endpoint,
-                    "--rdzv-id", share.run_id, "--local-addr", share.address]
+                    "--rdzv-id", share.run_id, "--local-addr", share.address,
+                    "--node-rank", str(share.node_rank)]
     resume = resume_point(job)
     return command + ["--resume", str(resume)] if resume is not None else command
 

@@ -115,8 +115,7 @@ def exclude(job: Job, incarnation: int, rank: int) -> str:
     (the job then moves off it: `regroup_reason`); why, or "" when no host of this
     incarnation runs that rank."""
     reservations = held(job, incarnation)
-    p = parse_spec(incarnation_spec(job, len(reservations))).parallel
-    node_rank = rank // p.procs_per_node // (p.nodes // len(reservations) or 1)
+    node_rank = rank // parse_spec(incarnation_spec(job, len(reservations))).parallel.ranks_per_host
     host = next((r.host for r in reservations if r.node_rank == node_rank), None)
     if host is None:
         return ""

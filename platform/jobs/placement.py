@@ -35,6 +35,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from engine.runtime.spec import parse_spec
 from hosts.models import Host
 from jobs.models import UNPLACED, Cause, Job, JobEvent, Quota, Reservation, State
 
@@ -63,10 +64,8 @@ def hosts_wanted(job: Job) -> tuple[int, int]:
 
 
 def shape(job: Job) -> Shape:
-    parallel = job.spec.get("parallel", {})
     fewest, most = hosts_wanted(job)
-    nodes_per_host = int(parallel.get("nodes", 1)) // most
-    return Shape(fewest, most, nodes_per_host * int(parallel.get("procs_per_node", 1)))
+    return Shape(fewest, most, parse_spec(job.spec).parallel.ranks_per_host)
 
 
 def free_slots(hosts: list[Host]) -> dict[int, list[int]]:

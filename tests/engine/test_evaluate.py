@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.checkpoint import CheckpointReader
 from engine.checkpoint.reader import resolve
 from engine.evaluate import EvaluationError, evaluate, heldout_windows, scored_records
 from engine.moe.model import MoEModel
 from engine.runtime.spec import parse_spec
+from tests.engine.test_export import engine_model
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "the cat sat on the mat. the dog sat on the log. " * 40
@@ -63,15 +63,6 @@ def whole(trained, tmp_path_factory) -> tuple[dict, Path]:
     return evaluate(str(checkpoint), out, spec, tasks=str(tasks), windows_per_source=3), out
 
 
-def direct_model(checkpoint: Path, config) -> MoEModel:
-    model = MoEModel(config)
-    with CheckpointReader(resolve(checkpoint)) as reader:
-        flat = reader.read("params", 0, reader.tensors["params"]["length"])
-        torch.nn.utils.vector_to_parameters(flat, model.parameters())
-        model.load_state_dict(reader.extras(0)["train"]["buffers"], strict=False)
-    return model.eval()
-
-
 def direct_loglik(model: MoEModel, prompt: str, continuation: str) -> tuple[float, bool]:
     context, target = list(prompt.encode()), list(continuation.encode())
     ids = torch.tensor([context + target])
@@ -87,7 +78,7 @@ def test_scores_equal_the_models_own_computation(trained, whole):
     summary, out = whole
 
     assert summary["complete"] and summary["items_total"] == 3 + len(TASKS)
-    model = direct_model(checkpoint, spec.model)
+    model = engine_model(checkpoint, spec.model)
     (loader,) = heldout_windows(spec)
     nll = tokens = 0.0
     with torch.no_grad():

@@ -172,6 +172,16 @@ def session_worker_host_drained(eventually):
     _session_worker_hosts().update(drained=True)
 
 
+def worker_process(env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`manage.py worker` in a session of its own, its output in `log` (its `log_path`)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    proc.log_path = log
+    return proc
+
+
 @pytest.fixture(scope="session")
 def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.Popen:
     """A real worker host (`manage.py worker`: registers host `test-<pid>`, beats it, and runs
@@ -183,11 +193,7 @@ def celery_worker(service_env: dict[str, str], tmp_path_factory) -> subprocess.P
     env = {**service_env, "RINGSIDE_HOST_NAME": WORKER_HOST, "HOST_BEAT_S": "1",
            "RINGSIDE_WEBHOOK_ALLOW": "127.0.0.0/8"}
     WORKER_STARTED.append(WORKER_HOST)
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    proc.log_path = log
+    proc = worker_process(env, log)
     yield proc
     stop_process_group(proc, grace_s=15)
     if proc.returncode not in (0, -signal.SIGTERM):

@@ -8,7 +8,8 @@ import { Evaluations } from "./evaluations.js";
 import { Exports } from "./exports.js";
 import { bytes, duration, el, errorText, rows, sharesText } from "./format.js";
 import { PlanTable } from "./plan.js";
-import { ActionName, CheckpointTier, CommandKind, JobState } from "./vocabulary.js";
+import { worldOf } from "./shares.js";
+import { ActionName, CheckpointTier, CommandKind, JobState, SpecDefaults } from "./vocabulary.js";
 
 // the command buttons; clone is no command (it opens the launch form) and is always allowed
 const LABEL = { pause: "Pause", resume: "Resume", cancel: "Cancel", checkpoint: "Checkpoint",
@@ -92,12 +93,12 @@ export class Controls {
       () => rebalance(parseShares(this.shares.value)));
     document.getElementById("rebalance-auto").addEventListener("click", () => rebalance("auto"));
     document.getElementById("rebalance-even").addEventListener("click", () => rebalance("even"));
-    const layout = job.spec.parallel ?? {};
+    const layout = { ...SpecDefaults.parallel, ...job.spec.parallel };
     this.nodes = document.getElementById("reshard-nodes");
     this.procs = document.getElementById("reshard-procs");
-    this.nodes.value = layout.nodes ?? 1;
-    this.procs.value = layout.procs_per_node ?? 1;
-    this.strategy = layout.strategy ?? "NNN";
+    this.nodes.value = layout.nodes;
+    this.procs.value = layout.procs_per_node;
+    this.strategy = layout.strategy;
     this.plan = new PlanTable(document.getElementById("reshard-plan"), {
       onPick: (s) => { this.strategy = s; this.showPrediction(); },
       selected: () => this.strategy,
@@ -332,16 +333,17 @@ export class Controls {
   replan() {
     const { spec } = this.job;
     const { preset, ...model } = spec.model ?? {};
-    const world = (spec.parallel?.nodes ?? 1) * (spec.parallel?.procs_per_node ?? 1);
+    const defaults = SpecDefaults.train;
+    const world = worldOf(spec.parallel);
     const newWorld = Number(this.nodes.value) * Number(this.procs.value);
-    const microBatch = spec.train?.micro_batch ?? 8;
+    const microBatch = spec.train?.micro_batch ?? defaults.micro_batch;
     this.plan.update({
       preset: preset || "tiny", model: JSON.stringify(model),
       nodes: this.nodes.value, procs_per_node: this.procs.value,
       micro_batch: newWorld > 0 ? Math.max(1, Math.round((microBatch * world) / newWorld)) : microBatch,
-      seq_len: spec.train?.seq_len ?? 256,
-      grad_accum: spec.train?.grad_accum ?? 1,
-      collective: spec.parallel?.collective ?? "native",
+      seq_len: spec.train?.seq_len ?? defaults.seq_len,
+      grad_accum: spec.train?.grad_accum ?? defaults.grad_accum,
+      collective: spec.parallel?.collective ?? SpecDefaults.parallel.collective,
     });
   }
 

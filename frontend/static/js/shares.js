@@ -9,19 +9,23 @@
 // page draws what a live one drew.
 import { CONFIG, rankColor, waitingLayout } from "./chartkit.js";
 import { Throttled } from "./throttle.js";
+import { SpecDefaults } from "./vocabulary.js";
 
 const TITLE = "Shares of the batch (samples per step)";
 const HEIGHT = 280;
 const REDRAW_EVERY_MS = 1000; // as often as the rank heatmap beside it (telemetry.js)
 
-const worldOf = (parallel = {}) => (parallel.nodes ?? 1) * (parallel.procs_per_node ?? 1);
+const { train: TRAIN, parallel: PARALLEL } = SpecDefaults;
+export const worldOf = (parallel = {}) =>
+  (parallel.nodes ?? PARALLEL.nodes) * (parallel.procs_per_node ?? PARALLEL.procs_per_node);
 
 // Samples per step of the whole job (micro_batch x ranks x grad_accum): a reshard or a change
 // of hosts keeps it, changing the per-rank micro-batch or accumulation instead, so the spec
 // of any layout gives it.
 function globalBatch(spec) {
   const t = spec.train ?? {};
-  return (t.micro_batch ?? 8) * worldOf(spec.parallel) * (t.grad_accum ?? 1);
+  return (t.micro_batch ?? TRAIN.micro_batch) * worldOf(spec.parallel) *
+    (t.grad_accum ?? TRAIN.grad_accum);
 }
 
 // The live branch's shares, [{step, seq, shares}] in step order: `shares[r]` is rank r's

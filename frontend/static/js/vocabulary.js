@@ -1,4 +1,5 @@
-// The names that cross the engine/platform seam, from engine/contract.py.
+// The names that cross the engine/platform seam, from engine/contract.py, and the
+// spec's defaults, from engine/runtime/spec.py.
 // Written by `manage.py vocabulary` (platform/ringside/vocabulary.py): do not edit.
 export const AnomalyKind = Object.freeze({
   "NAN": "nan",
@@ -69,4 +70,32 @@ export const JobState = Object.freeze({
   "COMPLETED": "completed",
   "FAILED": "failed",
   "CANCELLED": "cancelled"
+});
+export const SpecDefaults = Object.freeze({
+  "train": {
+    "steps": 100,
+    "micro_batch": 8,
+    "grad_accum": 1,
+    "seq_len": 256,
+    "lr": 0.002,
+    "warmup": 20,
+    "decay_end": 0,
+    "min_lr_ratio": 0.1,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "seed": 0,
+    "eval_every": 50,
+    "eval_batches": 4,
+    "trace_every": 500,
+    "device": "auto",
+    "threads": 0
+  },
+  "parallel": {
+    "nodes": 1,
+    "procs_per_node": 1,
+    "strategy": "NNN",
+    "collective": "native",
+    "hosts": 1,
+    "scale_up": true
+  }
 });

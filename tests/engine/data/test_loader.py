@@ -142,8 +142,8 @@ def test_a_tokenizer_wider_than_the_model_is_refused_naming_vocab_size(tmp_path)
     spec = parse_spec({"name": "t", "model": {"preset": "nano"}, "train": {"dataset": {
         "kind": "text", "paths": [str(tmp_path / "a.txt")],
         "tokenizer": str(wide_tokenizer(tmp_path))}}})
-    with pytest.raises(DataError, match=r"model\.vocab_size: 256 is smaller than the "
-                                        r"tokenizer's vocabulary \(70000\)"):
+    with pytest.raises(DataError, match=r"model\.vocab_size: must be at least 70000, the "
+                                        r"vocabulary of the dataset's tokenizer"):
         training_data(spec, rank=0, world_size=1)
 
 
@@ -163,11 +163,11 @@ def test_the_jobs_data_is_refused_at_start_naming_the_field(tmp_path):
         training_data(parse_spec(job(tmp_path)), rank=0, world_size=2)
     small = job(tmp_path, seq_len=16384)
     small["model"]["max_position_embeddings"] = 16384
-    with pytest.raises(DataError, match=r"^train\.dataset\.paths: .*one window"):
+    with pytest.raises(DataError, match=r"^train\.dataset\.paths: .*one step's batch"):
         training_data(parse_spec({**small, "train": {**small["train"], "eval_every": 0}}), 0, 1)
     narrow = job(tmp_path, eval_every=0)
     narrow["model"]["vocab_size"] = 128
-    with pytest.raises(DataError, match=r"^model\.vocab_size: 128"):
+    with pytest.raises(DataError, match=r"^model\.vocab_size: must be at least 256"):
         training_data(parse_spec(narrow), rank=0, world_size=1)
 
 

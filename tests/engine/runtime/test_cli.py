@@ -2,7 +2,6 @@
 the argument and end with the usage exit code before anything runs."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine.contract import ExitCode
-from engine.runtime.cli import build_parser, main
-from engine.runtime.launch import Rendezvous, is_this_host
+from engine.runtime.cli import build_parser, main, rendezvous
+from engine.runtime.launch import Rendezvous, RunTarget
+from engine.runtime.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,8 +27,7 @@ def test_the_defaults_are_one_host_at_a_free_loopback_port():
     args = build_parser().parse_args(["spec.json"])
     assert (args.nnodes, args.rdzv_endpoint, args.rdzv_id, args.local_addr, args.rdzv_conf) == (
         (1, 1), None, "", None, {})
-    assert Rendezvous().is_lead()
-    assert Rendezvous().host == "127.0.0.1"
+    assert Rendezvous().node_rank == 0 and Rendezvous().host == "127.0.0.1"
 
 
 @pytest.mark.parametrize("value, bounds", [("2", (2, 2)), ("1:3", (1, 3)), ("4:4", (4, 4))])
@@ -62,6 +61,12 @@ def test_a_malformed_argument_is_refused_by_name(tmp_path, capsys, argv, message
     (1, ["--nnodes", "1:2", "--rdzv-endpoint", "10.0.0.1:29500"],
      "--nnodes: parallel.nodes (1) must be a multiple of the hosts (2)"),
     (2, ["--nnodes", "2"], "--rdzv-endpoint: a job on several hosts needs one"),
+    (2, ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29500"],
+     "--node-rank: a job on several hosts numbers each, 0 to 1"),
+    (2, ["--nnodes", "1:2", "--rdzv-endpoint", "10.0.0.1:29500", "--node-rank", "2"],
+     "--node-rank: a job on several hosts numbers each, 0 to 1"),
+    (2, ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29500", "--node-rank", "-1"],
+     "--node-rank: a job on several hosts numbers each, 0 to 1"),
 ])
 def test_hosts_the_spec_cannot_spread_over_are_refused_naming_the_argument(
         tmp_path, capsys, nodes, argv, message):
@@ -69,16 +74,18 @@ def test_hosts_the_spec_cannot_spread_over_are_refused_naming_the_argument(
     assert message in capsys.readouterr().err
 
 
-def test_the_lead_is_the_launcher_on_the_endpoints_host():
-    for host in ("localhost", "127.0.0.1", "::1", socket.gethostname()):
-        assert is_this_host(host), host
-    assert not is_this_host("192.0.2.1")  # TEST-NET-1: no machine's address
-    assert not is_this_host("no-such-host.invalid")
-    assert Rendezvous(max_nodes=2, endpoint="127.0.0.1:29500").is_lead()
-    assert not Rendezvous(max_nodes=2, endpoint="192.0.2.1:29500").is_lead()
+def test_the_lead_is_node_rank_0_as_whoever_placed_the_hosts_numbered_them(tmp_path):
+    """Never guessed from the endpoint's address: two launchers on one machine (or in one
+    network namespace) are still one lead and one other."""
+    spec = parse_spec({"name": "hosts", "parallel": {"nodes": 2}})
+    for rank, leads in ((0, True), (1, False)):
+        args = build_parser().parse_args(["s", "--nnodes", "2", "--rdzv-endpoint",
+                                          "127.0.0.1:29500", "--node-rank", str(rank)])
+        rdzv = rendezvous(args, spec)
+        assert rdzv.node_rank == rank
+        target = RunTarget(tmp_path, tmp_path / "events.jsonl", "j", node_rank=rdzv.node_rank)
+        assert target.lead is leads
     assert Rendezvous(max_nodes=2, endpoint="[::1]:29500").host == "::1"
-    # a job on one host is led by its only launcher, wherever its endpoint is
-    assert Rendezvous(max_nodes=1, endpoint="192.0.2.1:29500").is_lead()
 
 
 # run as `python -m engine.train` runs it, reporting whether the ranks' forkserver was up when

@@ -58,7 +58,8 @@ def start_host(node: int, spec: Path, run_dir: Path, *args: str) -> subprocess.P
         return subprocess.Popen(
             ["ip", "netns", "exec", node_ns(node), sys.executable, "-m", "engine.train",
              str(spec), "--run-dir", str(run_dir), "--rdzv-endpoint", f"{address(0, 0)}:{PORT}",
-             "--rdzv-id", spec.stem, "--local-addr", address(node, 0), *args],
+             "--rdzv-id", spec.stem, "--local-addr", address(node, 0), "--node-rank", str(node),
+             *args],
             cwd=REPO, stdout=console, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "GLOO_SOCKET_IFNAME": "nic0"},
         )

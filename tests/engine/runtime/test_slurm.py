@@ -41,13 +41,14 @@ def test_the_first_node_hosts_the_store_at_a_port_of_the_job_and_each_node_says_
     assert rdzv.endpoint == f"127.0.0.1:{PORT_BASE + 42}"
     assert rdzv.local_addr == "127.0.0.1"
     assert rdzv.run_id == "slurm-42-3"  # a requeued job meets under a run id of its own
+    assert rdzv.node_rank == 1  # SLURM_NODEID: the first node, which holds the store, leads
 
 
 def test_a_one_node_allocation_meets_on_its_own_loopback():
     rdzv = rendezvous({"SLURM_JOB_NODELIST": "gpu7", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
                        "SLURM_JOB_ID": "9"})
     assert (rdzv.max_nodes, rdzv.endpoint, rdzv.run_id) == (1, "", "slurm-9-0")
-    assert rdzv.is_lead()
+    assert rdzv.node_rank == 0
 
 
 @pytest.mark.parametrize("env, says", [

@@ -149,6 +149,14 @@ def test_hosts_default_to_one_and_the_fewest_hosts_to_all_of_them():
                       ).parallel.min_hosts == 2
 
 
+def test_each_host_runs_its_share_of_the_nodes_ranks():
+    """The one place the layout over hosts is worked out (placement's slots, the launcher's
+    ranks per host, the platform's memory fit and which host runs a rank)."""
+    p = parse_spec({"name": "x", "parallel": {"nodes": 4, "procs_per_node": 3, "hosts": 2}})
+    assert p.parallel.ranks_per_host == 6
+    assert parse_spec({"name": "x"}).parallel.ranks_per_host == 1
+
+
 @pytest.mark.parametrize("parallel, field, message", [
     ({"nodes": 3, "hosts": 2}, "parallel.hosts", "must divide parallel.nodes (3)"),
     ({"hosts": 0}, "parallel.hosts", "must be at least 1"),

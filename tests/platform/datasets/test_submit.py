@@ -10,9 +10,15 @@ import copy
 
 import pytest
 
-from datasets.models import DatasetState
+from datasets.models import Dataset, DatasetState, split_counts
+from engine.data.loader import training_data
+from engine.data.prepare import prepare
+from engine.data.sources import SourceSpec
+from engine.errors import DataError
+from engine.runtime.spec import parse_spec
 from jobs.confinement import engine_roots
 from jobs.models import Job
+from tests.engine.data.test_prepare import corpus
 from tests.platform.services import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db
@@ -102,6 +108,34 @@ def test_a_held_out_split_smaller_than_one_evaluation_batch_is_refused_naming_ho
     Job.objects.all().delete()
     errors = errors_of(api, spec_with({"dataset": "web"}, eval_every=3))
     assert errors == {"train.data.mix.0.dataset": (
-        "dataset 'web''s held-out split (holdout 0.01) holds 40 tokens, fewer than one "
-        "evaluation batch (2 windows of train.seq_len 32 + 1): register it with a larger "
-        "holdout")}
+        "dataset 'web''s held-out split holds 40 tokens, fewer than one evaluation batch "
+        "(2 windows of train.seq_len 32 + 1): register it with a larger holdout than 0.01")}
+
+
+def test_the_platform_refuses_a_dataset_exactly_when_the_engine_would(api, user, tmp_path):
+    """At the edge of one step's batch and of one evaluation batch, on 2 ranks: the job the
+    API admits is the job whose engine opens its data, and the one it refuses the engine
+    refuses too (one rule, engine.data.needs, read from the manifest and from the shards)."""
+    corpus(tmp_path / "src", documents=10, words=20)
+    folder = str(tmp_path / "web")
+    manifest = prepare([SourceSpec("text", [str(tmp_path / "src" / "*.txt")])], "bytes", folder,
+                       holdout=0.2, workers=1)
+    Dataset.objects.create(owner=user, name="web", state=DatasetState.READY, holdout=0.2,
+                           sources=[], manifest=manifest, folder=folder)
+    train, heldout = (split_counts(manifest, s)["tokens"] for s in ("train", "heldout"))
+    batch = 2 * 2  # micro_batch x ranks: one evaluation batch, a step's at grad_accum 1
+    edges = {(train - 1) // batch: 0, (heldout - 1) // batch: 1}  # seq_len: eval_every
+    decided = []
+    for seq_len, eval_every in [(s + past, e) for s, e in edges.items() for past in (0, 1)]:
+        spec = spec_with({"dataset": "web"}, seq_len=seq_len, eval_every=eval_every)
+        spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
+        admitted = api.post("/api/jobs/", spec, format="json").status_code == 201
+        spec["train"]["data"]["mix"] = [{"path": folder, "weight": 1.0, "name": "web"}]
+        try:
+            training_data(parse_spec(spec), rank=0, world_size=2)
+            opened = True
+        except DataError:
+            opened = False
+        decided.append((seq_len, eval_every, admitted, opened))
+    assert [(admitted, opened) for *_, admitted, opened in decided] == [
+        (True, True), (False, False)] * 2, decided

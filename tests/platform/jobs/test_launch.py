@@ -9,9 +9,11 @@ import signal
 import pytest
 from django.conf import settings
 
+from engine.runtime.cli import build_parser, rendezvous
 from engine.runtime.confine import SERVER_PATH
+from engine.runtime.spec import parse_spec
 from jobs.confinement import uploads_dir
-from jobs.launch import kill_group, run_dir, scrub_paths, start_engine
+from jobs.launch import HostShare, engine_command, kill_group, run_dir, scrub_paths, start_engine
 from jobs.models import Job
 from ringside.services import PLATFORM_SECRETS
 
@@ -33,6 +35,20 @@ def test_the_engine_gets_no_secret_key_admin_password_or_database_url(
         proc.wait()
     assert not names & set(PLATFORM_SECRETS)
     assert {"PATH", "PYTHONPATH"} <= names  # what it does need is still there
+
+
+def test_each_hosts_launcher_is_told_its_node_rank_and_only_the_placements_lead_leads(
+        user, small_spec, tmp_path):
+    """The platform chose the lead (node rank 0, the rendezvous endpoint's host); the engine
+    takes that choice from its command line rather than working it out again."""
+    small_spec["parallel"] = {"nodes": 2, "hosts": 2}
+    job = Job.objects.create(name="hosts", owner=user, spec=small_spec)
+    for node_rank in (0, 1):
+        share = HostShare(node_rank=node_rank, nnodes=2, endpoint="10.0.0.1:29500",
+                          run_id=f"job{job.pk}-0", address=f"10.0.0.{node_rank + 1}")
+        command = engine_command(job, tmp_path / "spec.json", share)
+        args = build_parser().parse_args(command[command.index("engine.train") + 1:])
+        assert rendezvous(args, parse_spec(small_spec)).node_rank == node_rank
 
 
 

@@ -15,7 +15,7 @@ from jobs.launch import stderr_path
 from jobs.models import Cause, Command, CommandKind, Job, State
 from jobs.supervisor import EngineReport, finish
 from monitor.models import Event, MetricPoint
-from tests.policies import OBSERVE_STRAGGLERS
+from tests.platform.jobs.test_warm_pause import launched
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,13 +59,7 @@ def test_a_job_created_through_the_api_runs_completes_and_stores_its_metrics(
 
 def test_cancel_stops_the_ranks_within_seconds(api, celery_worker, small_spec, eventually,
                                                settings):
-    small_spec["name"] = "long"
-    small_spec["train"]["steps"] = 100_000
-    small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
-    small_spec["faults"] = OBSERVE_STRAGGLERS
-    job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
-    eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
-               f"job {job_id} made no progress; worker log: {celery_worker.log_path}")
+    job_id = launched(api, small_spec, eventually, celery_worker)
     spec_path = str(settings.RUNS_DIR / str(job_id) / "spec.json")
     engine = engine_processes(spec_path)
     assert len(engine) >= 3, "expected the launcher and its two ranks"

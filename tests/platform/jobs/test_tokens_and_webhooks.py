@@ -119,14 +119,6 @@ def test_the_token_page_names_a_bad_name_and_the_hourly_limit(browser, user, set
 
 # -- webhooks -------------------------------------------------------------------------------
 
-@pytest.fixture
-def job(user, small_spec) -> Job:
-    job = Job.objects.create(name="watched", owner=user, spec=small_spec)
-    job.start(supervisor="test")
-    job.mark_running()
-    return job
-
-
 def engine_anomaly(job: Job) -> None:
     """The supervisor handling the engine's anomaly event, as it does for a running job."""
     Supervisor(job, proc=None, ingest=None, me="test").on_event(parse_event({
@@ -135,46 +127,45 @@ def engine_anomaly(job: Job) -> None:
         "evidence": {"loss": 9.5, "threshold": 6.0}}))
 
 
-def test_each_webhook_of_a_job_gets_a_payload_signed_with_its_own_secret(api, job, receiver,
-                                                                          other_user,
-                                                                          celery_eager):
-    for_job = subscribe(api, receiver, "/job", job=job.pk)
+def test_each_webhook_of_a_job_gets_a_payload_signed_with_its_own_secret(
+        api, running, receiver, other_user, celery_eager):
+    for_job = subscribe(api, receiver, "/job", job=running.pk)
     for_all = subscribe(api, receiver, "/all")
     assert for_job["secret"] != for_all["secret"]
     assert all("secret" not in h for h in api.get("/api/webhooks/").json()["results"])
     bystander = Webhook.objects.create(owner=other_user, url=receiver.url + "/bystander")
 
-    engine_anomaly(job)
+    engine_anomaly(running)
     assert sorted(d["path"] for d in receiver.deliveries) == ["/all", "/job"]
     for delivery in receiver.deliveries:
         assert delivery["verified"], delivery["path"]
         assert delivery["event"] == "anomaly"
         body = delivery["body"]
         assert body["event"] == "anomaly"
-        assert body["job"] == {"id": job.pk, "name": "watched", "state": "running", "step": 0,
-                               "owner": "ada"}
+        assert body["job"] == {"id": running.pk, "name": running.name, "state": "running",
+                               "step": 0, "owner": "ada"}
         assert body["data"]["kind"] == "loss_spike" and body["data"]["step"] == 7
     for hook in Webhook.objects.filter(pk__in=[for_job["id"], for_all["id"]]):
         assert hook.last_status == "delivered"
     bystander.refresh_from_db()
     assert bystander.last_status == ""
-    assert AuditEntry.objects.get(action="webhook.create", job=job).actor == "ada"
+    assert AuditEntry.objects.get(action="webhook.create", job=running).actor == "ada"
 
 
-def test_a_receiver_checking_the_signature_rejects_another_secret(api, job, receiver,
-                                                                  celery_eager):
-    subscribe(api, receiver, "/job", job=job.pk)
+def test_a_receiver_checking_the_signature_rejects_another_secret(api, running, receiver,
+                                                                      celery_eager):
+    subscribe(api, receiver, "/job", job=running.pk)
     receiver.secrets["/job"] = "not-the-secret"
-    engine_anomaly(job)
+    engine_anomaly(running)
     assert [d["verified"] for d in receiver.deliveries] == [False]
 
 
 def test_a_dead_receiver_is_unreachable_and_does_not_stop_the_supervisor(
-        api, job, loopback_allowed, celery_eager, settings):
+        api, running, loopback_allowed, celery_eager, settings):
     settings.WEBHOOK_ATTEMPTS = 2
     created = api.post("/api/webhooks/", {"url": f"http://127.0.0.1:{free_port()}/gone",
-                                          "job": job.pk}, format="json").json()
-    engine_anomaly(job)
+                                          "job": running.pk}, format="json").json()
+    engine_anomaly(running)
     assert Webhook.objects.get(pk=created["id"]).last_status == "unreachable"
 
 

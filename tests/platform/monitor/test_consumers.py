@@ -1,22 +1,16 @@
 """Websocket /ws/jobs/<id>/: who may watch, the snapshot, then live events in order."""
 
 import pytest
-import redis
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from engine.runtime.events import EventLog
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken
 from monitor.ingest import StreamIngest, store_events
 from ringside.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
 
 
 def communicator(job, query="", user=None):
@@ -44,8 +38,8 @@ async def test_only_the_owner_may_watch_a_job(job, other_user):
     assert (connected, code) == (False, 4401)
 
 
-async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, user,
-                                                                        platform_redis_url):
+async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(
+        job, user, bus, platform_redis_url):
     await database_sync_to_async(store_events)(job.pk, [
         {"type": "step", "job": str(job.pk), "step": 1, "time": 1.0, "seq": 1, "loss": 5.5,
          "tokens_per_s": 900.0}])
@@ -60,13 +54,11 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(job, use
 
     def publish_and_ingest():
         # the engine's side (EventLog on the bus) and the supervisor's side (the ingest)
-        client = redis.Redis.from_url(platform_redis_url)
         log = EventLog(str(job.pk), bus_url=platform_redis_url)
         log.seq = 1  # stream is empty: the stored event above came through store_events
         for step in (2, 3, 4):
             log.emit_wire("step", step, loss=5.0 / step, tokens_per_s=1000.0)
-        StreamIngest(job.pk, client).drain()
-        client.close()
+        StreamIngest(job.pk, bus).drain()
 
     await database_sync_to_async(publish_and_ingest)()
     live = [await comm.receive_json_from(timeout=5) for _ in range(4)]

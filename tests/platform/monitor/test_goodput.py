@@ -24,8 +24,8 @@ def at(seconds: float) -> datetime:
 
 
 @pytest.fixture
-def job(user, small_spec) -> Job:
-    job = Job.objects.create(name="t", owner=user, spec=small_spec)
+def job(job) -> Job:
+    """The shared job (conftest), created at T0."""
     Job.objects.filter(pk=job.pk).update(created_at=at(0))
     return job
 

@@ -7,11 +7,9 @@ import threading
 import time
 
 import pytest
-import redis
 from django.db import connection
 
 from engine.runtime.events import EventLog, events_stream
-from jobs.models import Job
 from monitor.ingest import GROUP
 from monitor.models import Anomaly, Event, MetricPoint, OpsSample
 from ringside.services import python_module
@@ -20,11 +18,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TOTAL_STEPS = 1000  # each step publishes a step and an ops event; every 100th an anomaly
 LEAD = 200
-
-
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
 
 
 def publish(job_id: int, url: str, done: threading.Event) -> None:
@@ -62,7 +55,7 @@ def stored(job) -> int:
 
 
 def test_a_killed_and_restarted_ingest_stores_every_event_exactly_once(
-        job, service_env, platform_redis_url, eventually):
+        job, bus, service_env, platform_redis_url, eventually):
     total = TOTAL_STEPS * 2 + TOTAL_STEPS // 100
     published = threading.Event()
     publisher = threading.Thread(target=publish, args=(job.pk, platform_redis_url, published))
@@ -96,6 +89,4 @@ def test_a_killed_and_restarted_ingest_stores_every_event_exactly_once(
     assert list(losses.values_list("step", flat=True)) == list(range(1, TOTAL_STEPS + 1))
     assert OpsSample.objects.filter(job=job).count() == TOTAL_STEPS
     assert Anomaly.objects.filter(job=job).count() == TOTAL_STEPS // 100
-    client = redis.Redis.from_url(platform_redis_url)
-    assert client.xpending(events_stream(str(job.pk)), GROUP)["pending"] == 0
-    client.close()
+    assert bus.xpending(events_stream(str(job.pk)), GROUP)["pending"] == 0

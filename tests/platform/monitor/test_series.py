@@ -15,11 +15,6 @@ SPIKE_STEP = 12_345
 
 
 @pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
-
-
-@pytest.fixture
 def long_run(job):
     """A flat loss of 1.0 over 20,000 steps with a one-step spike to 50 and one NaN step."""
     MetricPoint.objects.bulk_create(

@@ -12,11 +12,6 @@ from ringside.asgi import application
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
-
-
 def socket(path, user):
     comm = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://testserver"),
                                                              (b"host", b"testserver")])

@@ -12,15 +12,10 @@ from django.test import Client
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken
 from ringside.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def job(user, small_spec):
-    return Job.objects.create(name="t", owner=user, spec=small_spec)
 
 
 def test_only_the_sites_own_pages_and_clients_without_origin_may_open_a_socket(

@@ -20,3 +20,13 @@ def test_the_pages_import_the_names_they_compare_with():
         text = (scripts / name).read_text()
         assert 'from "./vocabulary.js"' in text, name
         assert not re.search(r'(tier \|\| "|action === ")', text), name
+
+
+def test_the_pages_fill_a_left_out_spec_field_with_the_engines_default():
+    """One default for `micro_batch` and its neighbours: the engine's spec, via the module."""
+    scripts = MODULE_PATH.parent
+    for name in ("shares.js", "controls.js"):
+        text = (scripts / name).read_text()
+        assert "SpecDefaults" in text, name
+        assert not re.search(r"(micro_batch|grad_accum|seq_len|nodes|procs_per_node) \?\? \d",
+                             text), name

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,7 +24,8 @@ from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from jobs.backends.slurm import look
 from jobs.models import Job, State
 from monitor.models import MetricPoint
-from ringside.services import REPO_ROOT, stop_process_group
+from ringside.services import stop_process_group
+from tests.platform.services import worker_process
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,12 +60,8 @@ def slurm_platform(slurm_cluster, service_env, tmp_path, session_worker_host_dra
     env = {**service_env, **cluster.env, **FAST, "RINGSIDE_SLURM_SUBMIT": "1",
            "RINGSIDE_SLURM_BUS_URL": bus, "RINGSIDE_HOST_NAME": f"slurm-login-{os.getpid()}",
            **worker_env}
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen([sys.executable, str(REPO_ROOT / "manage.py"), "worker"],
-                                  env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    cluster.worker_log = log
+    worker = worker_process(env, tmp_path / "worker.log")
+    cluster.worker_log = worker.log_path
     yield cluster
     stop_process_group(worker, grace_s=10)
 
