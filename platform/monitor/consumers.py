@@ -257,8 +257,9 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                         "started_at": job.started_at and job.started_at.isoformat()},
                 "series": metric_series(job.pk, max_points=SNAPSHOT_POINTS),
                 "ops": ops_sample(job.pk),
-                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL),
-                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS),
+                # the live branch's steps: not those a rollback abandoned
+                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL, job.step),
+                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS, job.step),
                 "experts": experts.data if experts else None,
                 "anomalies": newest("anomaly"),
                 "actions": newest("action"),
