@@ -1,6 +1,10 @@
 """Browser sessions for the page tests that are not about logging in."""
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
 from django.conf import settings
+from django.db import connection
 from django.test import Client
 from playwright.sync_api import Page, expect
 
@@ -37,3 +41,15 @@ def open_running_job(page: Page, live_server_url: str, user, name: str, steps: i
     page.goto(f"{live_server_url}/jobs/{job.pk}/")
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     return job
+
+
+def off_the_page_thread(change: Callable[[], object]) -> None:
+    """Make a state change as the platform's other processes do, outside the event loop that
+    Playwright runs in this thread (the change's websocket push runs its own)."""
+    def run() -> None:
+        try:
+            change()
+        finally:
+            connection.close()  # this thread's own database connection
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(run).result()
