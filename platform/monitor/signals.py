@@ -27,7 +27,6 @@ from jobs.signals import command_changed
 from monitor import goodput, pushes
 from monitor.ingest import job_group
 from monitor.messages import job_message
-from monitor.models import Event
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +47,17 @@ def push_state_change(sender: type, instance: JobEvent, created: bool, **kwargs:
 
 def _push(row: JobEvent) -> None:
     # on the job socket, seq is the newest event the client may already hold
-    last = (Event.objects.filter(job_id=row.job_id).order_by("-seq")
-            .values_list("seq", flat=True).first() or 0)
+    last = pushes.newest_seq(row.job_id)
     layer = get_channel_layer()
-    ledger = goodput.message(row.job_id, last)
-    # the memory tier's checkpoints go with the ranks that held them
-    checkpoints = pushes.checkpoints_message(row.job_id, last)
+    # every message read from the database here, not in the event loop below
+    on_job_socket = [job_message(row.job, last, row), goodput.message(row.job_id, last),
+                     # the memory tier's checkpoints go with the ranks that held them
+                     pushes.checkpoints_message(row.job_id, last)]
+    listed = {"type": "job.state", "event": job_message(row.job, row.pk, row)}
 
     async def send() -> None:
-        await layer.group_send(job_group(row.job_id), {"type": "job.events", "events": [
-            job_message(row.job, last, row), ledger, checkpoints]})
-        listed = {"type": "job.state", "event": job_message(row.job, row.pk, row)}
+        await layer.group_send(job_group(row.job_id), {"type": "job.events",
+                                                       "events": on_job_socket})
         await layer.group_send(user_group(row.job.owner_id), listed)
         await layer.group_send(STAFF_GROUP, listed)
 

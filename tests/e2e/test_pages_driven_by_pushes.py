@@ -71,8 +71,9 @@ def test_a_rollback_pressed_on_the_job_page_costs_at_most_two_requests(
     # the oldest): the rollback goes back past the newest
     listed = page.locator("#checkpoint-list li[data-step]")
     expect(listed).to_have_count(3, timeout=120_000)
+    page.click("#rollback")
     listed.nth(1).locator("input[type=radio]").check()
-    expect(page.locator("#rollback-panel")).to_be_visible()
+    expect(page.locator("#rollback-picked")).to_contain_text("checkpoint of step")
 
     after_post: list[str] = []
     posted = []
@@ -93,6 +94,7 @@ def test_a_rollback_pressed_on_the_job_page_costs_at_most_two_requests(
     expect(page.locator("#checkpoint-list li[data-branch=abandoned]").first).to_be_visible()
     expect(page.locator("#history")).to_contain_text("rolled back from step")
     expect(page.locator("#state")).to_have_text("running")
+    (output_dir / "requests-after-the-rollback.txt").write_text("\n".join(after_post) + "\n")
     assert len(after_post) <= REQUESTS_AFTER_A_ROLLBACK, after_post
     page.screenshot(path=output_dir / "rolled-back.png", full_page=True)
 
@@ -103,6 +105,8 @@ def test_a_rollback_pressed_on_the_job_page_costs_at_most_two_requests(
         .some(([drawn, , live]) => drawn === chart && live < from))""", arg=from_step,
         timeout=30_000)
     draws = page.evaluate("window.draws")
+    (output_dir / "draws-after-the-rollback.txt").write_text(
+        "\n".join(" ".join(map(str, d)) for d in draws) + "\n")
     assert [d for d in draws if d[1] > d[2]] == [], (from_step, draws)
     page.click("#cancel")
     expect(page.locator("#state")).to_have_text("cancelled", timeout=60_000)
