@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection
@@ -13,6 +14,7 @@ from jobs.models import Job
 from jobs.tasks import dispatch
 from tests.policies import OBSERVE_STRAGGLERS
 
+T = TypeVar("T")
 ENGINE_START_MS = 120_000  # an engine launch on two busy cores
 
 
@@ -43,13 +45,14 @@ def open_running_job(page: Page, live_server_url: str, user, name: str, steps: i
     return job
 
 
-def off_the_page_thread(change: Callable[[], object]) -> None:
-    """Make a state change as the platform's other processes do, outside the event loop that
-    Playwright runs in this thread (the change's websocket push runs its own)."""
-    def run() -> None:
+def off_the_page_thread(change: Callable[[], T]) -> T:
+    """Make a change (a state move, an API call) as the platform's other processes do,
+    outside the event loop that Playwright runs in this thread (the change's websocket push
+    runs its own); returns what `change` returns."""
+    def run() -> T:
         try:
-            change()
+            return change()
         finally:
             connection.close()  # this thread's own database connection
     with ThreadPoolExecutor(1) as pool:
-        pool.submit(run).result()
+        return pool.submit(run).result()

@@ -181,11 +181,15 @@ export class Controls {
     this.commands.set(known.id, known);
     if (HOLD.has(kind) && !settled) this.held.set(kind, known.id);
     if (settled) this.settle(known, command.state, text); else this.update(entry, command.state, text);
-    // its action event may have come over the socket before this answer did
-    for (const event of this.job.actions()) {
-      if (String(event.command) === String(command.id)) this.acknowledge(event);
-    }
+    this.acknowledgeSeen(known.id); // its action event may have come before this answer
     return command;
+  }
+
+  // The engine's word on a command that came before the page knew the command.
+  acknowledgeSeen(id) {
+    for (const event of this.job.actions()) {
+      if (String(event.command) === id) this.acknowledge(event);
+    }
   }
 
   // The API or the engine settled a command. A resume or reshard the engine has not run
@@ -257,8 +261,10 @@ export class Controls {
         this.early.set(id, command);
         continue;
       }
-      if (!this.commands.has(id)) this.adopt(command, command === commands.at(-1));
+      const adopted = !this.commands.has(id);
+      if (adopted) this.adopt(command, command === commands.at(-1));
       this.apply(this.commands.get(id), command);
+      if (adopted) this.acknowledgeSeen(id);
     }
   }
 

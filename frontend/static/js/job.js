@@ -164,12 +164,6 @@ function onCheckpoints(message) {
   showHistory();
 }
 
-// The Commands card on (re)connecting: every command of the job, sent from this page or not,
-// and the engine's word on each that an action event names; the same after a reload as live.
-function onCommands(message) {
-  controls.applyCommands(message.commands);
-  for (const event of marks.actions) controls.acknowledge(event);
-}
 
 function feedItem(kind, e) {
   const text = {
@@ -274,7 +268,8 @@ function onMessage(message) {
     case "experts": telemetry.addExperts(message); break;
     case "goodput": goodput.show(message.goodput); break;
     case "proposal": proposals.add(message); break;
-    case "commands": onCommands(message); break;
+    // the Commands card: every command of the job on (re)connecting, then each as it moves
+    case "commands": controls.applyCommands(message.commands); break;
     case "command": controls.applyCommands([message.command]); break;
     case "checkpoints": onCheckpoints(message); break;
     case "settings": controls.showSettings(message); break;
