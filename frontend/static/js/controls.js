@@ -269,7 +269,8 @@ export class Controls {
   }
 
   apply(known, command) {
-    if (known.entry.dataset.state === command.state) return;
+    // one settled and waiting for the engine to run keeps the engine's word over the API's
+    if ([command.state, "waiting"].includes(known.entry.dataset.state)) return;
     if (command.state === "done" || command.state === "refused") {
       const detail = describe(command.result);
       this.settle(known, command.state,
