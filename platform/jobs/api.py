@@ -32,7 +32,6 @@ from rest_framework.views import APIView
 from datasets.mix import record_use
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
-from engine.runtime.settings import launched_values
 from engine.runtime.spec import SpecError, parse_spec
 from jobs import (
     admission,
@@ -55,6 +54,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
+from jobs.live_settings import settings_history
 from jobs.login import LoginAccountThrottle, LoginAddressThrottle
 from jobs.models import (
     ApiToken,
@@ -101,7 +101,7 @@ from jobs.serializers import (
 from jobs.steering import audit, issue
 from monitor import goodput
 from monitor.api import GOODPUT, SERIES, GoodputCauseQuery, MetricsQuery, metrics_payload
-from monitor.models import Action, Anomaly, Checkpoint, Event
+from monitor.models import Anomaly, Checkpoint, Event
 from monitor.sinks import options as sink_options
 from ringside.parsers import BoundedJSONParser
 from ringside.text import text_errors
@@ -566,36 +566,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def metrics(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         return Response(metrics_payload(job.pk, request.query_params))
-
-
-def settings_history(job: Job) -> dict:
-    """Replays the job's `set` actions over its spec. A rollback that restored a checkpoint's
-    settings drops the changes made at or after that checkpoint's step (a checkpoint is saved
-    before the step's commands are carried out) and enters the history as "rollback"."""
-    launched = launched_values(parse_spec(job.spec))
-    by = {str(pk): user for pk, user in
-          job.commands.filter(kind=CommandKind.SET).values_list("pk", "requested_by")}
-    history: list[dict] = []
-    in_force: list[dict] = []  # the set entries in force, oldest first
-    effective = launched
-    for row in Action.objects.filter(job=job, action__in=("set", "rollback")).order_by("seq"):
-        if row.action == "set":
-            entry = {"step": row.step, "changes": row.details.get("changes", {}),
-                     "by": by.get(row.command, row.by)}
-            in_force.append(entry)
-        elif row.details.get("settings") == "restored":
-            to_step = int(row.details.get("to_step", 0))
-            in_force = [e for e in in_force if e["step"] < to_step]
-            entry = {"step": row.step, "changes": {}, "by": "rollback"}
-        else:
-            continue
-        now = {**launched, **{k: c["new"] for e in in_force for k, c in e["changes"].items()}}
-        if entry["by"] == "rollback":
-            entry["changes"] = {k: {"old": effective[k], "new": v} for k, v in now.items()
-                                if v != effective[k]}
-        effective = now
-        history.append(entry)
-    return {"effective": effective, "history": history}
 
 
 class CommandRulesView(APIView):

@@ -149,7 +149,13 @@ def settle(job: Job, event: contract.ActionEvent) -> None:
 
 
 def close(job: Job) -> None:
-    """The run ended: the commands the engine never answered are refused with that reason."""
+    """The run ended: the commands the engine never answered are refused with that reason;
+    but a cancel of a run that ended cancelled was carried out, if by the supervisor's signal
+    rather than by the engine."""
+    job.refresh_from_db(fields=["state"])
     for command in Command.open_for(job):
-        command.settle(False, {"error": f"the run ended ({job.state}) before the engine acted "
-                                        "on it"})
+        if command.kind == CommandKind.CANCEL and job.state == State.CANCELLED:
+            command.settle(True, {"state": State.CANCELLED})
+        else:
+            command.settle(False, {"error": f"the run ended ({job.state}) before the engine "
+                                            "acted on it"})

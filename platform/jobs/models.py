@@ -26,6 +26,7 @@ from django.utils import timezone
 from engine.contract import COMMAND_RULES, FINAL_STATES, JobState
 from engine.contract import CommandKind as EngineCommandKind
 from engine.runtime.spec import with_layout
+from jobs.signals import command_changed
 
 # the engine's job states and command kinds (engine.contract), as model field choices
 State = models.TextChoices("State", [(s.name, s.value) for s in JobState])
@@ -405,9 +406,11 @@ class Command(models.Model):
         return str(self.pk)
 
     def mark_delivered(self) -> None:
-        Command.objects.filter(pk=self.pk, state=CommandState.PENDING).update(
+        moved = Command.objects.filter(pk=self.pk, state=CommandState.PENDING).update(
             state=CommandState.DELIVERED, updated_at=timezone.now())
         self.refresh_from_db()
+        if moved:
+            command_changed.send(sender=Command, command=self)
 
     def settle(self, done: bool, result: dict[str, Any]) -> bool:
         """Record the outcome once; False if it was already settled."""
@@ -416,6 +419,8 @@ class Command(models.Model):
             state=CommandState.DONE if done else CommandState.REFUSED, result=result,
             updated_at=timezone.now())
         self.refresh_from_db()
+        if settled:
+            command_changed.send(sender=Command, command=self)
         return bool(settled)
 
     @classmethod

@@ -6,7 +6,10 @@ min/max envelope; the latest `ops` and `experts` samples; the `anomalies`, `acti
 `checkpoints`, `memberships`, `bad_batches` and `proposals` events), then the events as
 published (`step`, `ops`, `experts`, `anomaly`, `action`, `checkpoint`, `membership`,
 `bad_batch`, `proposal`, `state`, `log`),
-in sequence order, and `{"type": "job", ...}` when the platform moves the job's state. The
+in sequence order, and `{"type": "job", ...}` when the platform moves the job's state. After the
+snapshot (or the replay) come the job's `commands`, `checkpoints` and `settings` as they are,
+then a `command` at every move of a command's state and `checkpoints` and `settings` when they
+change (monitor.pushes). The
 snapshot's `goodput` is the job's goodput ledger (monitor.goodput), and a `{"type": "goodput",
 "goodput": ...}` message brings it again after every stored batch of events and every state
 change. A client reconnecting with `?after=<seq>` gets, instead of the snapshot, exactly the
@@ -42,7 +45,7 @@ from redis.exceptions import RedisError
 
 from jobs.models import Job, JobEvent
 from jobs.permissions import visible_jobs
-from monitor import goodput
+from monitor import goodput, pushes
 from monitor.ingest import job_group
 from monitor.messages import job_message
 from monitor.models import Event
@@ -58,6 +61,8 @@ SNAPSHOT_FEED = 500  # newest anomalies, actions, checkpoints and memberships ea
 SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
 REPLAY_CHUNK = 500  # stored events read per query when replaying
+# the messages that are no stored events (monitor.signals, monitor.pushes)
+PUSHED = frozenset({"job", "goodput", "command", "checkpoints", "settings"})
 CLOSE_LAYER_FAILED = 1011  # the server cannot go on: its channel layer (Redis) failed
 # what a slow or unreachable Redis raises from the channel layer (asyncio's timeouts are the
 # builtin TimeoutError; lost connections are OSErrors)
@@ -173,6 +178,8 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
             # this client was away would otherwise never reach it
             await self.send_json(await self._job_state())
             await self.send_json(await self._goodput())
+        for message in await self._resync():  # pushed, not stored, like the state
+            await self.send_json(message)
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
@@ -185,7 +192,7 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
     async def job_events(self, message: dict[str, Any]) -> None:
         """A chunk of events forwarded by the ingest (or state changes from the platform)."""
         for event in message["events"]:
-            if event["type"] in ("job", "goodput"):  # not stored events: no seq of their own
+            if event["type"] in PUSHED:  # not stored events: no seq of their own
                 await self.send_json(event)
                 continue
             if event["seq"] <= self.sent_seq:
@@ -220,6 +227,10 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
         return job_message(job, self.sent_seq, job.transitions.last())
 
     @database_sync_to_async
+    def _resync(self) -> list[dict[str, Any]]:
+        return pushes.resync(self.job_id)
+
+    @database_sync_to_async
     def _goodput(self) -> dict[str, Any]:
         return goodput.message(self.job_id, self.sent_seq)
 
@@ -246,8 +257,9 @@ class JobConsumer(LayerErrors, AsyncJsonWebsocketConsumer):
                         "started_at": job.started_at and job.started_at.isoformat()},
                 "series": metric_series(job.pk, max_points=SNAPSHOT_POINTS),
                 "ops": ops_sample(job.pk),
-                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL),
-                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS),
+                # the live branch's steps: not those a rollback abandoned
+                "ops_history": ops_recent(job.pk, SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL, job.step),
+                "experts_history": experts_recent(job.pk, SNAPSHOT_STEPS, job.step),
                 "experts": experts.data if experts else None,
                 "anomalies": newest("anomaly"),
                 "actions": newest("action"),

@@ -43,7 +43,7 @@ from django.db.models import Exists
 
 from engine import contract
 from jobs.models import Job
-from monitor import goodput
+from monitor import goodput, pushes
 from monitor.models import (
     Action,
     Anomaly,
@@ -394,7 +394,8 @@ class StreamIngest:
         if batch.events:
             self.last_seq = max(self.last_seq, batch.events[-1]["seq"])
             forward(self.job_id, batch.events)
-            forward(self.job_id, [goodput.message(self.job_id, self.last_seq)])
+            forward(self.job_id, [goodput.message(self.job_id, self.last_seq),
+                                  *pushes.after_batch(self.job_id, batch.parsed, self.last_seq)])
         return batch
 
     def _read_again(self) -> None:

@@ -160,24 +160,31 @@ def expert_history(job_id: int, start: int | None = None, end: int | None = None
 _OP_KEYS = ("kind", "total_ms", "group", "bytes", "busbw_gbps")
 
 
-def _newest_events(rows: QuerySet, job_id: int, keep: int) -> list[dict[str, Any]]:
-    """The events of the newest `keep` steps of `rows` (one per step), oldest first."""
-    seqs = list(rows.filter(job_id=job_id).order_by("-step").values_list("seq", flat=True)[:keep])
+def _newest_events(rows: QuerySet, job_id: int, keep: int,
+                   up_to: int | None) -> list[dict[str, Any]]:
+    """The events of the newest `keep` steps of `rows` (one per step) up to step `up_to` (if
+    given), oldest first."""
+    rows = rows.filter(job_id=job_id)
+    if up_to is not None:
+        rows = rows.filter(step__lte=up_to)
+    seqs = list(rows.order_by("-step").values_list("seq", flat=True)[:keep])
     payloads = _payloads(job_id, seqs)
     return [payloads[seq] for seq in reversed(seqs) if seq in payloads]
 
 
-def ops_recent(job_id: int, keep: int, full: int) -> list[dict[str, Any]]:
-    """The newest `keep` steps' `ops` events, oldest first, as the job page charts them: the
-    newest `full` complete, the older ones without per-rank times."""
-    events = _newest_events(OpsSample.objects, job_id, keep)
+def ops_recent(job_id: int, keep: int, full: int,
+               up_to: int | None = None) -> list[dict[str, Any]]:
+    """The newest `keep` steps' `ops` events up to step `up_to` (the live branch's: a
+    rollback's abandoned steps are kept until trained again), oldest first, as the job page
+    charts them: the newest `full` complete, the older ones without per-rank times."""
+    events = _newest_events(OpsSample.objects, job_id, keep, up_to)
     cut = len(events) - full
     return [event if i >= cut else _without_ranks(event) for i, event in enumerate(events)]
 
 
-def experts_recent(job_id: int, keep: int) -> list[dict[str, Any]]:
-    """The newest `keep` steps' `experts` events, oldest first."""
-    return _newest_events(ExpertLoad.objects, job_id, keep)
+def experts_recent(job_id: int, keep: int, up_to: int | None = None) -> list[dict[str, Any]]:
+    """The newest `keep` steps' `experts` events up to step `up_to`, oldest first."""
+    return _newest_events(ExpertLoad.objects, job_id, keep, up_to)
 
 
 def _without_ranks(event: dict[str, Any]) -> dict[str, Any]:

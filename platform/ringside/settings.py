@@ -212,10 +212,17 @@ _owner_only(VAR_DIR, RUNS_DIR, VAR_DIR / "secret_key")
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# A websocket waits for its group messages in Redis pops that block up to 5 s on the server
+# (channels_redis's brpop_timeout), and redis-py's default socket timeout is 5 s too: an idle
+# socket's read timed out just before Redis answered, and every idle websocket closed every
+# ~5.5 s. A read waits out the pop with room to spare; a Redis gone away still fails at once.
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 15
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "ringside:asgi", "capacity": 1000},
+        "CONFIG": {"hosts": [{"address": REDIS_URL,
+                              "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
+                   "prefix": "ringside:asgi", "capacity": 1000},
     }
 }
 

@@ -1,6 +1,11 @@
 """Browser sessions for the page tests that are not about logging in."""
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
 from django.conf import settings
+from django.db import connection
 from django.test import Client
 from playwright.sync_api import Page, expect
 
@@ -9,6 +14,7 @@ from jobs.models import Job
 from jobs.tasks import dispatch
 from tests.policies import OBSERVE_STRAGGLERS
 
+T = TypeVar("T")
 ENGINE_START_MS = 120_000  # an engine launch on two busy cores
 
 
@@ -37,3 +43,16 @@ def open_running_job(page: Page, live_server_url: str, user, name: str, steps: i
     page.goto(f"{live_server_url}/jobs/{job.pk}/")
     expect(page.locator("#state")).to_have_text("running", timeout=ENGINE_START_MS)
     return job
+
+
+def off_the_page_thread(change: Callable[[], T]) -> T:
+    """Make a change (a state move, an API call) as the platform's other processes do,
+    outside the event loop that Playwright runs in this thread (the change's websocket push
+    runs its own); returns what `change` returns."""
+    def run() -> T:
+        try:
+            return change()
+        finally:
+            connection.close()  # this thread's own database connection
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()

@@ -2,17 +2,14 @@
 job's spec and launches a new job from it; the job list follows state changes live."""
 
 import re
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
 from playwright.sync_api import Page, expect
 
 from engine.runtime.spec import parse_spec
 from jobs.models import Cause, Job
 from monitor.models import MetricPoint
-from tests.e2e.session import log_in
+from tests.e2e.session import log_in, off_the_page_thread
 from tests.platform.services import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,18 +103,6 @@ def test_clone_opens_the_launch_form_filled_with_the_jobs_spec_and_launches_a_ne
     expect(page.locator("#live")).to_have_text("live")
     page.click("#cancel")
     expect(page.locator("#state")).to_have_text("cancelled")
-
-
-def off_the_page_thread(change: Callable[[], object]) -> None:
-    """Make a state change as the platform's other processes do, outside the event loop that
-    Playwright runs in this thread (the change's websocket push runs its own)."""
-    def run() -> None:
-        try:
-            change()
-        finally:
-            connection.close()  # this thread's own database connection
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(run).result()
 
 
 def test_the_job_list_shows_state_changes_and_new_jobs_without_a_reload(

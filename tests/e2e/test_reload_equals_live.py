@@ -15,7 +15,7 @@ from playwright.sync_api import Page, expect
 
 from jobs.models import Job, State
 from monitor.models import Event, OpsSample
-from tests.e2e.session import ENGINE_START_MS, log_in
+from tests.e2e.session import ENGINE_START_MS, log_in, off_the_page_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +53,9 @@ RECORD = """() => {
 
 
 def steer(api, job_id: int, kind: str, body: dict | None = None) -> None:
-    response = api.post(f"/api/jobs/{job_id}/{kind}/", body or {}, format="json")
+    # as another client would: its pushes (the command, the state change) reach the page
+    response = off_the_page_thread(
+        lambda: api.post(f"/api/jobs/{job_id}/{kind}/", body or {}, format="json"))
     assert response.status_code == 202, response.content
 
 

@@ -76,7 +76,8 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     settings.REDIS_URL = platform_redis_url
     settings.RUNS_DIR = runs
     settings.UPLOADS_DIR = uploads
-    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [platform_redis_url]
+    layer = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+    layer["hosts"] = [{**layer["hosts"][0], "address": platform_redis_url}]
     # the app reads Django's CELERY_* settings (namespace "CELERY"); a prefixed key outranks
     # the plain one (`broker_url`), so the override must use the prefixed name
     app.conf.CELERY_BROKER_URL = platform_redis_url

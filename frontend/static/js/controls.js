@@ -1,12 +1,12 @@
 // The job page's controls. Each one is a command to the API (202 with the command); its
 // result appears when the engine acknowledges it: the `action` event naming the command id,
-// or the command's own state as the API reports it after each state change of the job. A
+// or the command's own state, pushed over the job's socket at every move (monitor.pushes). A
 // command is "done" on the page only once its effect shows: the API settles a resume or a
 // reshard before the engine runs again, so those wait for the job to run and step.
 import { api } from "./api.js";
 import { Evaluations } from "./evaluations.js";
 import { Exports } from "./exports.js";
-import { bytes, duration, el, errorText, rows, sharesText } from "./format.js";
+import { bytes, duration, el, errorText, sharesText } from "./format.js";
 import { PlanTable } from "./plan.js";
 import { worldOf } from "./shares.js";
 import { ActionName, CheckpointTier, CommandKind, JobState, SpecDefaults } from "./vocabulary.js";
@@ -68,6 +68,8 @@ export class Controls {
   constructor(job) {
     this.job = job; // {id, spec, state(), actions(), shares(): the ranks' shares now}
     this.commands = new Map(); // id -> {kind, entry, ran (its effect seen), doneText}
+    this.sending = 0; // commands of this page's whose POST has not answered yet
+    this.early = new Map(); // id -> a pushed command not known here while one was sending
     this.held = new Map(); // a HOLD kind -> the id of its command not settled yet
     this.checkpoints = [];
     this.picked = null;
@@ -147,7 +149,20 @@ export class Controls {
   async send(kind, body, buttonId = kind) {
     const button = document.getElementById(buttonId);
     button.disabled = true;
-    const { ok, status, data } = await api(`/api/jobs/${this.job.id}/${kind}/`, { method: "POST", body });
+    this.sending += 1;
+    const { ok, status, data } = await api(`/api/jobs/${this.job.id}/${kind}/`, { method: "POST", body })
+      .finally(() => { this.sending -= 1; });
+    try {
+      return this.sent(kind, ok, status, data);
+    } finally {
+      // the pushes that came while it was on its way, now that this page knows its command
+      const early = [...this.early.values()];
+      this.early.clear();
+      this.applyCommands(early);
+    }
+  }
+
+  sent(kind, ok, status, data) {
     if (!ok) {
       this.show(kind, `${LABEL[kind]} refused: ${errorText(data, status)}`, "refused");
       this.enable(this.job.state());
@@ -167,11 +182,15 @@ export class Controls {
     this.commands.set(known.id, known);
     if (HOLD.has(kind) && !settled) this.held.set(kind, known.id);
     if (settled) this.settle(known, command.state, text); else this.update(entry, command.state, text);
-    // its action event may have come over the socket before this answer did
-    for (const event of this.job.actions()) {
-      if (String(event.command) === String(command.id)) this.acknowledge(event);
-    }
+    this.acknowledgeSeen(known.id); // its action event may have come before this answer
     return command;
+  }
+
+  // The engine's word on a command that came before the page knew the command.
+  acknowledgeSeen(id) {
+    for (const event of this.job.actions()) {
+      if (String(event.command) === id) this.acknowledge(event);
+    }
   }
 
   // The API or the engine settled a command. A resume or reshard the engine has not run
@@ -206,10 +225,13 @@ export class Controls {
     return li;
   }
 
+  // An entry's state and text; the result line follows the newest entry (the list's first),
+  // not whichever older command was settled last (a reload settles them all, oldest first).
   update(entry, state, text) {
     entry.dataset.state = state;
     entry.replaceChildren(el("strong", {}, label(entry.dataset.kind)),
                           " ", el("span", { class: `cmd-state cmd-${state}` }, state), " ", text);
+    if (entry !== this.list.firstElementChild) return;
     this.resultEl.textContent = text;
     this.resultEl.dataset.kind = entry.dataset.kind;
     this.resultEl.dataset.state = state;
@@ -223,31 +245,39 @@ export class Controls {
   acknowledge(event) {
     const known = this.commands.get(String(event.command));
     if (!known) return;
-    if ([ActionName.SET, ActionName.ROLLBACK].includes(event.action)) this.loadSettings();
     const refused = event.action === ActionName.REFUSED;
     const text = refused ? `${label(known.kind)} refused by the engine: ${event.error}`
       : `${label(known.kind)} done at step ${event.step}${describe(event) ? `: ${describe(event)}` : ""}`;
     this.settle(known, refused ? "refused" : "done", text);
   }
 
-  // The API's view of the commands (GET /commands/, oldest first), read after each state
-  // change of the job; a command this page did not send (a reloaded page, another client)
-  // gets its entry here.
-  async refresh() {
-    const { ok, data } = await api(`/api/jobs/${this.job.id}/commands/`);
-    if (!ok) return;
-    const commands = rows(data);
+  // Commands as the API has them (oldest first), pushed over the job's socket: all of them on
+  // connecting, then each at every move of its state. One this page did not send (a reloaded
+  // page, another client) gets its entry here; one it does not know while it is sending one
+  // of its own waits for that POST's answer, as it may be that very command.
+  applyCommands(commands) {
     for (const command of commands) {
-      if (!this.commands.has(String(command.id))) this.adopt(command, command === commands.at(-1));
-      const known = this.commands.get(String(command.id));
-      if (known.entry.dataset.state === command.state) continue;
-      if (command.state === "done" || command.state === "refused") {
-        const detail = describe(command.result);
-        this.settle(known, command.state,
-          `${label(known.kind)} ${command.state}${detail ? `: ${detail}` : ""}`);
-      } else if (command.state === "delivered") {
-        known.entry.dataset.state = "delivered";
+      const id = String(command.id);
+      if (!this.commands.has(id) && this.sending) {
+        this.early.set(id, command);
+        continue;
       }
+      const adopted = !this.commands.has(id);
+      if (adopted) this.adopt(command, command === commands.at(-1));
+      this.apply(this.commands.get(id), command);
+      if (adopted) this.acknowledgeSeen(id);
+    }
+  }
+
+  apply(known, command) {
+    // one settled and waiting for the engine to run keeps the engine's word over the API's
+    if ([command.state, "waiting"].includes(known.entry.dataset.state)) return;
+    if (command.state === "done" || command.state === "refused") {
+      const detail = describe(command.result);
+      this.settle(known, command.state,
+        `${label(known.kind)} ${command.state}${detail ? `: ${detail}` : ""}`);
+    } else if (command.state === "delivered" && ["new", "pending"].includes(known.entry.dataset.state)) {
+      known.entry.dataset.state = "delivered"; // a push older than what the page knows moves nothing back
     }
   }
 
@@ -305,10 +335,8 @@ export class Controls {
     await this.send("rollback", { ...target, skip_data: skip, keep_settings: keep });
   }
 
-  // -- set: live settings, their effective values and history (GET /settings/) ---------------
-  async loadSettings() {
-    const { ok, data } = await api(`/api/jobs/${this.job.id}/settings/`);
-    if (!ok) return;
+  // -- set: live settings, their effective values and history (as GET /settings/, pushed) ----
+  showSettings(data) {
     const select = document.getElementById("set-key");
     if (!select.options.length) {
       select.replaceChildren(...Object.keys(data.effective).map((k) => el("option", { value: k }, k)));

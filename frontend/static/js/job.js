@@ -1,8 +1,11 @@
-// The job page: a websocket snapshot, then live events update every panel (no polling). On a
-// dropped connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
+// The job page: a websocket snapshot, then live events update every panel (no polling). The
+// commands, checkpoints and live settings come over the same socket when they change, and the
+// state changes with their hosts and history, so nothing is read again from the API when a
+// message arrives (only the metric series, after a rollback or a zoom). On a dropped
+// connection it reconnects with `?after=<last seq>` and receives exactly what it missed.
 import { api } from "./api.js";
 import { Controls } from "./controls.js";
-import { duration, el, fieldsText, num, rows, sharesText, where } from "./format.js";
+import { duration, el, fieldsText, sharesText, where } from "./format.js";
 import { Goodput } from "./goodput.js";
 import { MetricCharts } from "./metrics.js";
 import { Proposals } from "./proposals.js";
@@ -49,7 +52,7 @@ const shares = new SharesChart({ spec, events: () => marks, newestStep: () => st
 const goodput = new Goodput(jobId);
 const proposals = new Proposals(jobId, JSON.parse(document.getElementById("ladder-actions").textContent));
 let checkpointRows = new Map(); // event seq -> the API's checkpoint row (its id, branch)
-let transitions = []; // the API's state history of the job
+let transitions = []; // the state history of the job: the API's, then each change pushed
 
 // The layout a step ran on: the spec's until the first reshard before it, then that one's.
 function layoutAt(step) {
@@ -116,13 +119,26 @@ function showState(next, error) {
   if (error) { $("error").textContent = error; $("error").hidden = false; }
 }
 
+// Where and since when the job runs, from its detail (read once) or a `job` message.
+function showWhereabouts(job) {
+  startedAt = job.started_at ? Date.parse(job.started_at) : startedAt;
+  finishedAt = job.finished_at ? Date.parse(job.finished_at) : finishedAt;
+  $("where").textContent = where(job, true);
+}
+
 async function loadDetail() {
   const { ok, data } = await api(`/api/jobs/${jobId}/`);
   if (!ok) return;
-  startedAt = data.started_at ? Date.parse(data.started_at) : startedAt;
-  finishedAt = data.finished_at ? Date.parse(data.finished_at) : finishedAt;
-  transitions = data.transitions ?? [];
-  $("where").textContent = where(data, true);
+  showWhereabouts(data);
+  for (const t of data.transitions ?? []) addTransition(t);
+}
+
+// A state change, once: the detail and a (re)connect's `job` message may both bring it.
+function addTransition(change) {
+  const same = (t) => t.to_state === change.to_state && Date.parse(t.time) === Date.parse(change.time);
+  if (transitions.some(same)) return;
+  transitions.push(change);
+  transitions.sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
   showHistory();
 }
 
@@ -141,20 +157,13 @@ function showHistory() {
     el("td", { class: "muted" }, withSteps(t.message)))));
 }
 
-async function loadCheckpoints() {
-  const { ok, data } = await api(`/api/jobs/${jobId}/checkpoints/`);
-  if (!ok) return;
-  checkpointRows = new Map(rows(data).map((c) => [c.seq, c]));
+// The checkpoints as the API lists them (their ids, availability and branch), pushed.
+function onCheckpoints(message) {
+  checkpointRows = new Map(message.checkpoints.map((c) => [c.seq, c]));
   showCheckpoints();
   showHistory();
 }
 
-// The Commands card: every command the API lists, sent from this page or not, and the
-// engine's word on each that an action event names; the same after a reload as live.
-async function showCommands() {
-  await controls.refresh();
-  for (const event of marks.actions) controls.acknowledge(event);
-}
 
 function feedItem(kind, e) {
   const text = {
@@ -212,15 +221,12 @@ function onMark(kind, event, live = true) {
   if (live && ["action", "membership"].includes(kind)) shares.update();
   if (live) charts.redrawMarkers(); // the snapshot's are drawn with its series, once
   if (kind === "action" && live) {
-    if (event.command) showCommands(); else controls.acknowledge(event);
-    // a rollback replaced steps: the stored series now hold the values trained again, and
-    // the checkpoints past its target are the abandoned branch
-    if (event.action === ActionName.ROLLBACK) { charts.refetch(); loadCheckpoints(); }
+    controls.acknowledge(event);
+    // a rollback replaced steps: the stored series now hold the values trained again (the
+    // checkpoints past its target, now the abandoned branch, come pushed after it)
+    if (event.action === ActionName.ROLLBACK) { charts.refetch(); telemetry.rollback(event.to_step); }
   }
-  if (kind === "checkpoint") {
-    showCheckpoints();
-    loadCheckpoints();
-  }
+  if (kind === "checkpoint") showCheckpoints();
 }
 
 function onSnapshot(message) {
@@ -247,8 +253,6 @@ function onSnapshot(message) {
   showProgress();
   shares.update();
   showCheckpoints();
-  loadCheckpoints();
-  showCommands();
   performance.mark("snapshot-shown");
 }
 
@@ -264,14 +268,18 @@ function onMessage(message) {
     case "experts": telemetry.addExperts(message); break;
     case "goodput": goodput.show(message.goodput); break;
     case "proposal": proposals.add(message); break;
+    // the Commands card: every command of the job on (re)connecting, then each as it moves
+    case "commands": controls.applyCommands(message.commands); break;
+    case "command": controls.applyCommands([message.command]); break;
+    case "checkpoints": onCheckpoints(message); break;
+    case "settings": controls.showSettings(message); break;
     case "anomaly": case "action": case "checkpoint": case "membership": case "bad_batch":
       onMark(message.type, message);
       break;
     case "job":
       showState(message.state, message.error);
-      loadDetail();
-      loadCheckpoints();
-      showCommands();
+      showWhereabouts(message);
+      if (message.from_state) addTransition({ ...message, to_state: message.state });
       // after a reshard or resume the engine starts anew: its first steps set a new pace
       if (["queued", "paused", "paused_warm"].includes(message.state)) rate.length = 0;
       break;
@@ -302,7 +310,6 @@ function connect() {
 
 controls.enable(state);
 controls.loadRules();
-controls.loadSettings();
 showProgress();
 loadDetail();
 connect();

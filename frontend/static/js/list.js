@@ -151,19 +151,12 @@ function page(delta) {
 function onJob(message) {
   const tr = body.querySelector(`tr[data-job-id="${message.job}"]`);
   if (!tr) { load(); return; } // a job new to this page may belong on it
-  const job = { ...shown.get(message.job), state: message.state, step: message.step };
+  // a state change may come with new hosts (placed, lost a host, grew back): the message has them
+  const { state, step, placement, waiting_reason: waitingReason } = message;
+  const job = { ...shown.get(message.job), state, step, placement, waiting_reason: waitingReason };
   shown.set(message.job, job);
-  showState(tr, job);
+  showState(tr, job); // the row's cells only: a tags or note edit open in it stays as it is
   lastValues(tr, job);
-  refreshWhere(tr, message.job);
-}
-
-// A state change may come with new hosts (placed, lost a host, grew back): read them again.
-async function refreshWhere(tr, id) {
-  const { ok, data } = await api(`/api/jobs/${id}/`);
-  if (!ok) return;
-  shown.set(id, { ...shown.get(id), placement: data.placement, waiting_reason: data.waiting_reason });
-  tr.querySelector(".where").textContent = where(shown.get(id));
 }
 
 let retry = 500;

@@ -60,6 +60,7 @@ class StepBuffer {
     if (this.items.length > KEEP) this.items.shift();
   }
   get last() { return this.items.at(-1); }
+  dropAfter(step) { this.items = this.items.filter((e) => e.step <= step); }
 }
 
 export class Telemetry {
@@ -92,6 +93,14 @@ export class Telemetry {
   addExperts(events) {
     for (const event of [events].flat()) this.experts.put(event);
     this.redraw.mark("experts");
+  }
+
+  // A rollback to `step`: the steps past it are no longer the run's (they are trained again).
+  rollback(step) {
+    this.ops.dropAfter(step);
+    this.experts.dropAfter(step);
+    if (!this.ops.items.length && !this.experts.items.length) this.placeholders();
+    for (const chart of ["breakdown", "ranks", "bandwidth", "experts"]) this.redraw.mark(chart);
   }
 
   // Stacked bars of each step's non-overlapping ops (opstack.js): they add up to the step.

@@ -51,6 +51,9 @@ async def test_the_owner_gets_a_snapshot_then_live_step_events_in_order(
     assert snapshot["type"] == "snapshot" and snapshot["seq"] == 1
     assert snapshot["job"]["state"] == "queued" and snapshot["job"]["total_steps"] == 6
     assert snapshot["series"]["loss"] == {"step": [1], "value": [5.5], "min": [5.5], "max": [5.5]}
+    # then what is pushed rather than stored, as it is now (monitor.pushes)
+    assert [(await comm.receive_json_from(timeout=5))["type"] for _ in range(3)] == [
+        "commands", "checkpoints", "settings"]
 
     def publish_and_ingest():
         # the engine's side (EventLog on the bus) and the supervisor's side (the ingest)
@@ -89,11 +92,12 @@ async def test_a_client_reconnecting_after_a_seq_gets_what_it_missed_then_the_jo
     comm = communicator(job, "?after=1", user=user)
     connected, _ = await comm.connect()
     assert connected
-    replay = [await comm.receive_json_from(timeout=5) for _ in range(4)]
-    assert [(m["type"], m["seq"]) for m in replay] == [("step", 2), ("step", 3), ("job", 3),
-                                                     ("goodput", 3)]
+    replay = [await comm.receive_json_from(timeout=5) for _ in range(7)]
+    assert [(m["type"], m["seq"]) for m in replay] == [
+        ("step", 2), ("step", 3), ("job", 3), ("goodput", 3), ("commands", 3),
+        ("checkpoints", 3), ("settings", 3)]
     # a state change pushed while the client was away is not an event: it comes as the state,
-    # and so does the goodput ledger
+    # and so do the goodput ledger, the commands, the checkpoints and the settings
     assert replay[2]["state"] == job.state
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()

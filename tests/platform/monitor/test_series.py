@@ -6,7 +6,13 @@ import pytest
 from jobs.models import Job
 from monitor.ingest import store_events
 from monitor.models import MetricPoint
-from monitor.series import expert_history, metric_series, ops_history, ops_recent
+from monitor.series import (
+    expert_history,
+    experts_recent,
+    metric_series,
+    ops_history,
+    ops_recent,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -150,3 +156,14 @@ def test_the_recent_ops_hold_the_newest_steps_once_each_with_rank_tables_for_the
     assert "per_rank_ms" not in older["forward"]
     assert older["forward"] == {"kind": "compute", "total_ms": 14.0}
     assert older["grad_sync"]["busbw_gbps"] == 2.5 and older["grad_sync"]["group"] == "global"
+
+
+def test_the_recent_ops_and_experts_stop_at_the_live_branchs_step(job):
+    # a rollback from step 30 to 20: steps 21-30 stay stored until trained again
+    store_events(job.pk, [ops_event(s, s, 10.0, 0) for s in range(1, 31)])
+    store_events(job.pk, [{"type": "experts", "job": "1", "step": s, "time": 1.0, "seq": 30 + s,
+                           "layers": [{"tokens_per_expert": [1, 1], "max_violation": 0.0,
+                                       "dead_experts": 0}]} for s in range(1, 31)])
+    recent = ops_recent(job.pk, keep=5, full=3, up_to=20)
+    assert [e["step"] for e in recent] == [16, 17, 18, 19, 20]
+    assert [e["step"] for e in experts_recent(job.pk, keep=3, up_to=20)] == [18, 19, 20]

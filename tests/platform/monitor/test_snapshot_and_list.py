@@ -19,6 +19,14 @@ def socket(path, user):
     return comm
 
 
+async def snapshot_of(comm):
+    """The snapshot, past the pushed state that follows it (commands, checkpoints, settings)."""
+    snapshot = await comm.receive_json_from(timeout=5)
+    pushed = [(await comm.receive_json_from(timeout=5))["type"] for _ in range(3)]
+    assert pushed == ["commands", "checkpoints", "settings"]
+    return snapshot
+
+
 def event(job, seq, type, step, **fields):
     return {"type": type, "job": str(job.pk), "step": step, "time": 1.0, "seq": seq, **fields}
 
@@ -45,7 +53,7 @@ async def test_the_snapshot_holds_series_feeds_latest_samples_state_and_spec(job
     await database_sync_to_async(store_events)(job.pk, run_history(job))
     comm = socket(f"/ws/jobs/{job.pk}/", user)
     assert (await comm.connect())[0]
-    snap = await comm.receive_json_from(timeout=5)
+    snap = await snapshot_of(comm)
     assert snap["type"] == "snapshot" and snap["seq"] == snap["last_seq"] == 8
     assert snap["state"] == "queued" and snap["spec"] == job.spec
     assert snap["series"]["loss"]["step"] == [1, 2]
@@ -63,7 +71,7 @@ async def test_live_events_dropped_on_the_way_are_read_back_in_order(job, user):
     await database_sync_to_async(store_events)(job.pk, history[:2])
     comm = socket(f"/ws/jobs/{job.pk}/", user)
     assert (await comm.connect())[0]
-    assert (await comm.receive_json_from(timeout=5))["seq"] == 2
+    assert (await snapshot_of(comm))["seq"] == 2
     # stored, but only the last one reaches this client (the channel layer shed the others)
     await database_sync_to_async(store_events)(job.pk, history[2:])
     await database_sync_to_async(forward)(job.pk, history[-1:])
@@ -79,7 +87,7 @@ async def test_live_events_dropped_on_the_way_are_read_back_in_order(job, user):
 async def test_the_job_socket_hears_every_state_change_with_its_cause(job, user):
     comm = socket(f"/ws/jobs/{job.pk}/", user)
     assert (await comm.connect())[0]
-    await comm.receive_json_from(timeout=5)
+    await snapshot_of(comm)
     await database_sync_to_async(job.request_cancel)(Cause.USER, "ada")
     change = await comm.receive_json_from(timeout=5)
     assert (change["type"], change["state"], change["from_state"], change["cause"],
@@ -118,3 +126,15 @@ async def test_the_list_socket_refuses_anonymous_clients():
     from django.contrib.auth.models import AnonymousUser
 
     assert await socket("/ws/jobs/", AnonymousUser()).connect() == (False, 4401)
+
+
+async def test_an_idle_list_socket_outlives_the_channel_layers_blocking_read(job, user):
+    comm = socket("/ws/jobs/", user)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=5)
+    # longer than a blocking pop on Redis (5 s): neither a close (1011) nor anything else
+    assert await comm.receive_nothing(timeout=6.5, interval=0.1)
+    await database_sync_to_async(job.request_cancel)(Cause.USER, "ada")
+    change = await comm.receive_json_from(timeout=5)
+    assert (change["type"], change["state"]) == ("job", "cancelled")
+    await comm.disconnect()
