@@ -151,8 +151,7 @@ class SlurmRun:
         world = layout["nodes"] * layout["procs_per_node"]
         job.adopt_layout(layout, before.train.micro_batch * before.parallel.world_size // world)
         log.info("job %s: reshard onto %s node(s): a new submission", job.pk, layout["hosts"])
-        self._follow(submit(job))
-        return True
+        return self._submit_again()
 
     def _without(self, lost: list[str]) -> bool:
         """Submit the job again on the nodes left, if `parallel.min_hosts` allows."""
@@ -172,7 +171,16 @@ class SlurmRun:
             spec=spec, backend_options={**job.backend_options, "exclude": exclude})
         job.refresh_from_db()
         announce_loss(job, before, lost)
-        self._follow(submit(job))
+        return self._submit_again()
+
+    def _submit_again(self) -> bool:
+        """Submit the job as its spec says now and follow that; False, the job failed with
+        Slurm's word, if Slurm refuses it (a size its partition does not allow, say)."""
+        try:
+            self._follow(submit(self.job))
+        except SlurmError as error:
+            self.job.fail(f"Slurm refused to take it again: {error}")
+            return False
         return True
 
     def _waiting(self, reason: str) -> None:
