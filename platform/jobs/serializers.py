@@ -315,7 +315,7 @@ class ReshardBody(CommandBody):
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         job = self.context["job"]
-        hosts = job.spec["parallel"].get("hosts", 1)
+        hosts = parse_spec(job.spec).parallel.hosts
         if data.get("hosts", hosts) != hosts and job.backend != "slurm":
             # another allocation's size is a new submission, which only Slurm's jobs take
             raise serializers.ValidationError(

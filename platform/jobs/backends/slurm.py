@@ -204,5 +204,5 @@ def submit(job: Job) -> str:
 def resubmits(job: Job, args: dict[str, Any]) -> bool:
     """Whether a reshard with `args` needs another Slurm allocation (another node count): the
     engine then gets a cold pause, and the job is submitted again at the new size."""
-    return job.backend == "slurm" and int(args.get("hosts", 0) or 0) not in (
-        0, int(job.spec["parallel"].get("hosts", 1)))
+    return job.backend == "slurm" and args.get("hosts") not in (
+        None, job.spec.get("parallel", {}).get("hosts", 1))
