@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -85,10 +86,18 @@ class SlurmCluster:
             host, ["slurmd", "-D", "-N", name, "-f", str(self.conf)]), name)
 
     def kill_node(self, host: int) -> None:
-        """The node's daemon dies (and with it what it started)."""
+        """The node dies: its `slurmd` and everything else in its namespace (the job steps'
+        `slurmstepd`s and the ranks they started) are killed at once."""
         proc = self.procs.pop(self.node(host))
         proc.kill()
         proc.wait()
+        pids = subprocess.run(["ip", "netns", "pids", self.node(host)], capture_output=True,
+                              text=True, check=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
 
     def wait_idle(self, hosts: range, timeout: float = 30.0) -> None:
         names = {self.node(h) for h in hosts}

@@ -279,6 +279,16 @@ def resharded(data: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
     return moved
 
 
+def reshard_layout(data: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The `parallel` part of a reshard's `args` (strategy, nodes, procs_per_node, and `hosts`
+    where a reshard also moves the job onto another number of hosts: a new Slurm allocation),
+    the fewest hosts kept at most the new count."""
+    layout = {k: args[k] for k in ("strategy", "nodes", "procs_per_node", "hosts") if k in args}
+    if "hosts" in layout:
+        layout["min_hosts"] = min(parse_spec(data).parallel.min_hosts or 1, layout["hosts"])
+    return layout
+
+
 def layout_on_hosts(data: dict[str, Any], hosts: int) -> dict[str, Any]:
     """Spec data for running the job of `data` on `hosts` hosts instead of its
     `parallel.hosts`: the same nodes per host, and the same global batch (micro_batch x

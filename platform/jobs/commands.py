@@ -23,6 +23,7 @@ from django.db import transaction
 
 from engine import contract
 from engine.runtime.events import bus_unreachable
+from jobs.backends.slurm import resubmits
 from jobs.dispatch import dispatch
 from jobs.models import STEERED, AuditEntry, Command, CommandKind, CommandState, Job, State
 
@@ -87,8 +88,7 @@ def _requested(kind: str, args: dict[str, Any]) -> str:
 def deliver(command: Command) -> None:
     """Put the command on its job's control stream. While the bus is unreachable it stays
     pending, and the job's supervisor delivers it later (`deliver_pending`)."""
-    wire = contract.Command(contract.CommandKind(command.kind), command.engine_args,
-                            command.engine_id)
+    wire = as_sent(command)
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         client.xadd(contract.control_stream(str(command.job_id)),
@@ -102,6 +102,16 @@ def deliver(command: Command) -> None:
     finally:
         client.close()
     command.mark_delivered()
+
+
+def as_sent(command: Command) -> contract.Command:
+    """The command as the engine gets it: a reshard onto another number of Slurm nodes is a
+    cold pause (an allocation cannot change size: jobs.backends.slurm_run submits the job
+    again at the new size from the checkpoint the pause writes)."""
+    if command.kind == CommandKind.RESHARD and resubmits(command.job, command.args):
+        return contract.Command(contract.CommandKind.PAUSE, {}, command.engine_id)
+    return contract.Command(contract.CommandKind(command.kind), command.engine_args,
+                            command.engine_id)
 
 
 def deliver_pending(job: Job, since: datetime, older_than: datetime) -> None:

@@ -28,6 +28,7 @@ from engine.runtime.spec import (
     SpecError,
     TrainSpec,
     parse_spec,
+    reshard_layout,
     resharded,
     share_errors,
 )
@@ -308,10 +309,19 @@ class ReshardBody(CommandBody):
     strategy = serializers.ChoiceField(choices=STRATEGIES, help_text="a PaRO strategy")
     nodes = serializers.IntegerField(min_value=1)
     procs_per_node = serializers.IntegerField(min_value=1)
+    hosts = serializers.IntegerField(
+        min_value=1, required=False,
+        help_text="a Slurm job only: its Slurm nodes (another count is a new submission)")
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        job = self.context["job"]
+        hosts = parse_spec(job.spec).parallel.hosts
+        if data.get("hosts", hosts) != hosts and job.backend != "slurm":
+            # another allocation's size is a new submission, which only Slurm's jobs take
+            raise serializers.ValidationError(
+                {"hosts": "only a job on the slurm backend changes its host count in a reshard"})
         try:  # the engine's own rules for a reshard (layout, batch over the ranks)
-            resharded(self.context["job"].spec, data)
+            resharded(job.spec, reshard_layout(job.spec, data))
         except SpecError as e:
             raise serializers.ValidationError(
                 {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e

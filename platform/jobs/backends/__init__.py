@@ -5,7 +5,8 @@ A backend `start`s one incarnation of a placed job and hands the supervisor (job
 `Launched`: something to `poll` until the launch ends (its exit code then), and to signal
 (`signal_all`: SIGTERM to stop, SIGKILL to end it now). `release` gives back what the
 incarnation held. Placement differs most: the hosts backend reserves slots on registered hosts
-(jobs.placement); the Slurm backend hands placement to Slurm (jobs.backends.slurm). Events and
+(jobs.placement); the Slurm backend hands placement to Slurm (jobs.backends.slurm) and
+follows a launch across the Slurm jobs it takes (jobs.backends.slurm_run). Events and
 commands go over the same Redis bus either way, so the job page, steering and the fault policy
 do not know which backend runs a job.
 
@@ -16,7 +17,7 @@ constraint}`), validated with errors that name the field (jobs.backends.options)
 
 from __future__ import annotations
 
-from jobs.backends import hosts, slurm
+from jobs.backends import hosts, slurm_run
 from jobs.backends.base import NAMES, Backend, Launched, LaunchRefused
 from jobs.models import Job
 
@@ -25,4 +26,4 @@ __all__ = ["NAMES", "Backend", "Launched", "LaunchRefused", "of"]
 
 def of(job: Job) -> Backend:
     """The backend that runs `job`."""
-    return slurm.BACKEND if job.backend == "slurm" else hosts.BACKEND
+    return slurm_run.BACKEND if job.backend == "slurm" else hosts.BACKEND

@@ -1,28 +1,31 @@
-"""The `slurm` backend: the cluster's own scheduler places the job and starts its launchers.
+"""The `slurm` backend's side facing Slurm: the cluster's own scheduler places the job and
+starts its launchers.
 
 Placement is Slurm's: the scheduling pass (`place_waiting`) only counts a new incarnation and
 sends the job's supervisor task to the queue that workers with Slurm's clients consume
 (`SLURM_QUEUE`: `manage.py worker` with RINGSIDE_SLURM_SUBMIT=1, on a login node). That
 supervisor renders a batch script from the spec (`batch_script`: one node per host, one
 launcher per node through `srun`, the CPUs or `--gres` of its ranks, the time limit,
-`--signal=B:USR1@<lead>` so the engine checkpoints before the time limit, `--requeue`), submits
-it with `sbatch --parsable` and follows it (`SlurmRun`: `squeue`, then `scontrol show job`,
-then `sacct`) into the job's states: while Slurm holds it pending, its reason is the job's
-waiting reason. The launchers meet through the allocation (`engine.train --rendezvous slurm`)
-and publish to the same Redis bus as on Ringside's hosts (RINGSIDE_SLURM_BUS_URL: that Redis
-as the nodes reach it), so steering works unchanged: a pause or a cancel reaches the engine,
-which checkpoints and exits, ending the Slurm job; a resume is a new submission from the
-checkpoint. A stop the engine cannot hear (it is still pending, or stuck) is `scancel`.
+`--signal=B:USR1@<lead>` so the engine checkpoints before the time limit, `--requeue`),
+submits it with `sbatch --parsable` (`submit`) and follows it (jobs.backends.slurm_run, through
+`look`: `squeue`, then `scontrol show job`, then `sacct`) into the job's states. The
+launchers meet through the allocation (`engine.train --rendezvous slurm`) and publish to the
+same Redis bus as on Ringside's hosts (RINGSIDE_SLURM_BUS_URL: that Redis as the nodes reach
+it), so steering works unchanged: a pause or a cancel reaches the engine, which checkpoints
+and exits, ending the Slurm job; a resume is a new submission from the checkpoint. A stop the
+engine cannot hear (it is still pending, or stuck) is `scancel`. A reshard onto another number
+of nodes cannot happen inside an allocation: the engine gets a cold pause instead
+(`resubmits`), and the job is submitted again at the new size from that checkpoint
+(jobs.backends.slurm_run, which also answers a lost node).
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-import signal
 import subprocess
 import sys
-import time
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db.models import F
@@ -104,6 +107,8 @@ def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -
         lines.append(f"--time={options['time_limit']}")
     lines += [f"--{name}={options[name]}" for name in ("partition", "account", "qos",
                                                        "constraint") if options.get(name)]
+    if job.backend_options.get("exclude"):  # nodes it lost (jobs.backends.slurm_run)
+        lines.append(f"--exclude={','.join(job.backend_options['exclude'])}")
     checkpoints = shlex.quote(str(checkpoint_folder(job)))
     return "\n".join([
         "#!/bin/bash", *(f"#SBATCH {line}" for line in lines),
@@ -114,82 +119,40 @@ def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -
         "step=$!",
         # Slurm's warning before the time limit (only this shell gets it): the ranks pause
         f"trap {shlex.quote(shlex.join(warning))} USR1",
-        # a trap interrupts `wait`: wait again until the step itself ended
-        'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
-        'exit "$code"', ""])
+        # a trap interrupts `wait` (its status is then the signal's): wait again while the
+        # step runs, then once more for its own exit status
+        'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
+        'wait "$step"', ""])
 
 
-class SlurmRun:
-    """One submitted Slurm job, followed: `poll` asks Slurm at most every SLURM_POLL_S and
-    gives the exit code once the job ended (a signal's as its negative); while Slurm holds it
-    pending, its reason is the Ringside job's waiting reason."""
+class Seen(NamedTuple):
+    """What Slurm says of one of its jobs."""
 
-    def __init__(self, job: Job, slurm_id: str):
-        self.job, self.slurm_id = job, slurm_id
-        self.returncode: int | None = None
-        self.asked_at = 0.0
-        self.state = "PENDING"
-        self.reason = ""
-
-    @property
-    def ref(self) -> str:
-        return f"Slurm job {self.slurm_id}"
-
-    def poll(self) -> int | None:
-        if self.returncode is not None or time.monotonic() - self.asked_at < settings.SLURM_POLL_S:
-            return self.returncode
-        self.asked_at = time.monotonic()
-        state, reason, code = look(self.slurm_id)
-        self.state = state
-        if state in ALIVE:
-            self._waiting(reason if state == "PENDING" else "")
-            return None
-        self._waiting("")
-        self.returncode = code
-        return code
-
-    def wait(self) -> int:
-        while self.poll() is None:
-            time.sleep(settings.SLURM_POLL_S)
-        return self.returncode
-
-    def signal_all(self, sig: signal.Signals) -> None:
-        """SIGTERM: to every process of a running job (the launchers stop their ranks);
-        SIGKILL, or a job not running yet: cancelled outright."""
-        try:
-            if sig == signal.SIGTERM and self.state == "RUNNING":
-                client("scancel", "--full", "--signal=TERM", self.slurm_id)
-            else:
-                client("scancel", self.slurm_id)
-        except SlurmError as error:  # it ended meanwhile
-            log.info("job %s: %s", self.job.pk, error)
-
-    def _waiting(self, reason: str) -> None:
-        if reason != self.reason:
-            self.reason = reason
-            Job.objects.filter(pk=self.job.pk).update(
-                waiting_reason=f"Slurm holds it pending: {reason}" if reason else "")
+    state: str
+    reason: str  # why it is pending
+    code: int  # its exit code once it ended (a signal's as its negative)
+    nodes: str = ""  # the nodes it runs on, in Slurm's compressed form
 
 
-def look(slurm_id: str) -> tuple[str, str, int]:
-    """(state, pending reason, exit code) of a Slurm job: from `squeue` while Slurm holds it,
-    `scontrol show job` while it remembers it (MinJobAge), else the accounting (`sacct`)."""
+def look(slurm_id: str) -> Seen:
+    """What Slurm says of `slurm_id`: from `squeue` while Slurm holds it, `scontrol show job`
+    while it remembers it (MinJobAge), else the accounting (`sacct`)."""
     try:
-        line = client("squeue", "-h", "-j", slurm_id, "-o", "%T|%r").strip()
+        line = client("squeue", "-h", "-j", slurm_id, "-o", "%T|%r|%N").strip()
     except SlurmError:
         line = ""
     if line:
-        state, _, reason = line.partition("|")
+        state, reason, nodes = (line.split("|") + ["", ""])[:3]
         if state in ALIVE:
-            return state, reason, 0
+            return Seen(state, reason, 0, nodes)
     try:
         fields = dict(item.partition("=")[::2] for item in
                       client("scontrol", "-o", "show", "job", slurm_id).split())
-        return fields["JobState"], fields.get("Reason", ""), exit_code(fields["ExitCode"])
+        return Seen(fields["JobState"], fields.get("Reason", ""), exit_code(fields["ExitCode"]))
     except (SlurmError, KeyError):
         state, _, code = client("sacct", "-j", slurm_id, "-n", "-P", "-X", "-o",
                                 "State,ExitCode").strip().partition("|")
-        return state.split()[0], "", exit_code(code)
+        return Seen(state.split()[0], "", exit_code(code))
 
 
 def exit_code(text: str) -> int:
@@ -198,24 +161,48 @@ def exit_code(text: str) -> int:
     return -int(sig) if sig and int(sig) else int(code)
 
 
-class SlurmBackend:
-    def start(self, job: Job) -> tuple[SlurmRun, None]:
-        """Submit this incarnation; its engine's launchers start when Slurm allocates."""
-        spec_path = write_spec(job, job.spec)
-        bus = settings.SLURM_BUS_URL or settings.REDIS_URL
-        command = engine_command(job, spec_path, bus_url=bus)
-        warning = [sys.executable, "-m", "engine.runtime.slurm", "--job", str(job.pk),
-                   "--bus", bus]
-        script = spec_path.parent / "slurm.sh"
-        script.write_text(batch_script(job, job.spec, command, warning), encoding="utf-8")
-        slurm_id = client("sbatch", "--parsable", str(script)).strip().split(";")[0]
-        Job.objects.filter(pk=job.pk).update(backend_ref=slurm_id)
-        log.info("job %s: submitted as Slurm job %s (resuming from %s)", job.pk, slurm_id,
-                 resume_point(job))
-        return SlurmRun(job, slurm_id), None
-
-    def release(self, job: Job) -> None:
-        """Nothing is held once the Slurm job ended (the supervisor waited for it)."""
+def hostnames(nodes: str) -> list[str]:
+    """Slurm's compressed node list (`h[0-1]`) as names."""
+    return client("scontrol", "show", "hostnames", nodes).split() if nodes else []
 
 
-BACKEND = SlurmBackend()
+def lost_nodes(nodes: list[str]) -> list[str]:
+    """Those of `nodes` Slurm holds down, failed, drained or not responding (`*`)."""
+    if not nodes:
+        return []
+    out = client("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t")
+    return sorted({name for name, state in (line.split() for line in out.splitlines())
+                   if "*" in state or state.startswith(("down", "drain", "drng", "fail"))})
+
+
+def slurmd_timeout_s() -> float:
+    """How long Slurm waits for a silent node before it marks it down (its SlurmdTimeout)."""
+    for line in client("scontrol", "show", "config").splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "SlurmdTimeout":
+            return float(value.split()[0])
+    return 300.0  # Slurm's default
+
+
+def submit(job: Job) -> str:
+    """Render the batch script of `job` as its spec says now and submit it; the Slurm job's
+    id, also kept as the job's `backend_ref`."""
+    spec_path = write_spec(job, job.spec)
+    bus = settings.SLURM_BUS_URL or settings.REDIS_URL
+    command = engine_command(job, spec_path, bus_url=bus)
+    warning = [sys.executable, "-m", "engine.runtime.slurm", "--job", str(job.pk),
+               "--bus", bus]
+    script = spec_path.parent / "slurm.sh"
+    script.write_text(batch_script(job, job.spec, command, warning), encoding="utf-8")
+    slurm_id = client("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    Job.objects.filter(pk=job.pk).update(backend_ref=slurm_id)
+    log.info("job %s: submitted as Slurm job %s on %s node(s) (resuming from %s)", job.pk,
+             slurm_id, job.spec["parallel"].get("hosts", 1), resume_point(job))
+    return slurm_id
+
+
+def resubmits(job: Job, args: dict[str, Any]) -> bool:
+    """Whether a reshard with `args` needs another Slurm allocation (another node count): the
+    engine then gets a cold pause, and the job is submitted again at the new size."""
+    return job.backend == "slurm" and args.get("hosts") not in (
+        None, job.spec.get("parallel", {}).get("hosts", 1))

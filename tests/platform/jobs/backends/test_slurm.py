@@ -8,8 +8,11 @@ slurmd in each of two emulated hosts' namespaces) with a real worker on a login 
   cancels the Slurm job;
 - a 2-node x 2-rank job submitted through the API completes on Slurm with the losses of the
   same job on Ringside's own hosts; one near its time limit is warned (SIGUSR1), checkpoints,
-  is submitted again from there and completes with every step stored once (minutes on two
-  cores: `make bench`).
+  is submitted again from there and completes; a paused one gives its allocation back, and
+  its resume and a reshard onto one node are new submissions; one that loses a node mid-run
+  (its slurmd and ranks killed) goes on on the other; every step is stored once (minutes on
+  two cores each: `make bench`);
+- a reshard onto another host count is refused for a job on Ringside's own hosts.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
-from jobs.backends.slurm import look
+from jobs.backends.slurm import ALIVE, look
 from jobs.models import Job, State
-from monitor.models import MetricPoint
+from monitor.models import Event, MetricPoint
 from ringside.services import stop_process_group
 from tests.platform.services import worker_process
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
@@ -33,6 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FAST = {"HOST_BEAT_S": "1", "JOB_HEARTBEAT_S": "0.5", "RINGSIDE_SLURM_POLL_S": "0.5",
         "WORKER_SLOTS": "4"}
 START_S = 180  # Slurm allocating, then four ranks starting, on a loaded two-core machine
+LEAD_S = 120  # how long before its time limit the time-limit test's job is warned
 
 
 def spec(name: str, hosts: int, steps: int) -> dict:
@@ -160,19 +164,128 @@ def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_host
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": "150"}])
+# minutes by design: Slurm checks time limits every 30 s and they are whole minutes
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("worker_env", [{"RINGSIDE_SLURM_SIGNAL_LEAD_S": str(LEAD_S)}])
 def test_a_job_warned_of_its_time_limit_checkpoints_and_goes_on_in_a_new_submission(
         slurm_platform, api, eventually):
-    # warned 150 s before a 4-minute limit (Slurm may warn up to a minute earlier still), so
-    # each submission trains a minute or so: it takes two or more to do the steps
-    steps = 30
+    steps = 100
     created = api.post("/api/jobs/", {**spec("timed", 1, steps), "backend": "slurm",
-                                      "slurm": {"time_limit": 4}}, format="json")
+                                      "slurm": {"time_limit": MAX_TIME_MIN}}, format="json")
     assert created.status_code == 201, created.json()
-    job = finished(Job.objects.get(pk=created.json()["id"]), slurm_platform, eventually,
-                   3 * START_S)
+    job = Job.objects.get(pk=created.json()["id"])
+    trained(job, 3, slurm_platform, eventually)
+    first = Job.objects.get(pk=job.pk).backend_ref
+    near_its_limit(slurm_platform, first)
+    job = finished(job, slurm_platform, eventually, 3 * START_S)
     assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
     assert job.launches >= 2
     assert job.transitions.filter(message__startswith="the Slurm time limit was near").exists()
-    stored = list(MetricPoint.objects.filter(job=job, name="loss").values_list("step", flat=True))
-    assert sorted(stored) == list(range(1, steps + 1))  # every step once
+    # the first Slurm job ended at the engine's pause (exit 3), before Slurm's limit killed it
+    assert look(first)[:3:2] == ("FAILED", 3), look(first)
+    assert stored_steps(job) == list(range(1, steps + 1))  # every step once
+
+
+@pytest.mark.bench
+def test_pause_releases_the_allocation_and_resume_and_a_reshard_onto_one_node_are_new_submissions(
+        slurm_platform, api, eventually):
+    steps = 40
+    created = api.post("/api/jobs/", {**spec("steered", 2, steps), "backend": "slurm"},
+                       format="json")
+    job = Job.objects.get(pk=created.json()["id"])
+    trained(job, 3, slurm_platform, eventually)
+    first = Job.objects.get(pk=job.pk).backend_ref
+    assert api.post(f"/api/jobs/{job.pk}/pause/").status_code == 202
+    eventually(lambda: Job.objects.get(pk=job.pk).state == State.PAUSED, START_S,
+               lambda: diagnosis(job, slurm_platform))
+    assert look(first)[0] not in ALIVE  # the allocation is given back
+    slurm_platform.wait_idle(range(2))
+
+    assert api.post(f"/api/jobs/{job.pk}/resume/").status_code == 202
+    trained(job, len(stored_steps(job)) + 2, slurm_platform, eventually)
+    second = Job.objects.get(pk=job.pk).backend_ref
+    assert second != first
+    strategy = job.spec["parallel"].get("strategy", "GGG")
+    resharded = api.post(f"/api/jobs/{job.pk}/reshard/", {
+        "strategy": strategy, "nodes": 1, "procs_per_node": 2, "hosts": 1}, format="json")
+    assert resharded.status_code == 202, resharded.json()
+
+    def on_one_node() -> bool:
+        now = Job.objects.get(pk=job.pk)
+        return now.state == State.RUNNING and now.backend_ref not in (first, second)
+    eventually(on_one_node, 2 * START_S, lambda: diagnosis(job, slurm_platform))
+    third = Job.objects.get(pk=job.pk).backend_ref
+    assert nodes_of(slurm_platform, third) in {slurm_platform.node(h) for h in range(2)}
+    job = finished(job, slurm_platform, eventually, 2 * START_S)
+    assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
+    assert job.spec["parallel"]["hosts"] == 1
+    assert job.transitions.filter(message="the engine resumed on its new layout").exists()
+    assert stored_steps(job) == list(range(1, steps + 1))
+
+
+def test_a_reshard_onto_another_host_count_is_refused_for_a_job_on_ringsides_hosts(api):
+    created = api.post("/api/jobs/", spec("on-hosts", 1, 1), format="json").json()
+    job = Job.objects.get(pk=created["id"])
+    job.state = State.RUNNING
+    job.save(update_fields=["state"])
+    refused = api.post(f"/api/jobs/{job.pk}/reshard/", {
+        "strategy": job.spec["parallel"].get("strategy", "GGG"), "nodes": 2,
+        "procs_per_node": 2, "hosts": 2}, format="json")
+    assert refused.status_code == 400
+    assert "hosts" in refused.json(), refused.json()
+
+
+@pytest.mark.bench
+def test_a_node_lost_mid_run_goes_on_on_the_survivor_with_every_step_stored_once(
+        slurm_platform, api, eventually):
+    steps = 30
+    body = {**spec("lossy", 2, steps), "backend": "slurm"}
+    body["parallel"]["min_hosts"] = 1
+    created = api.post("/api/jobs/", body, format="json")
+    assert created.status_code == 201, created.json()
+    job = Job.objects.get(pk=created.json()["id"])
+    trained(job, 4, slurm_platform, eventually)  # past its first checkpoint (step 3)
+    first = Job.objects.get(pk=job.pk).backend_ref
+    slurm_platform.kill_node(1)
+    lost = slurm_platform.node(1)
+    eventually(lambda: Job.objects.get(pk=job.pk).backend_ref != first, START_S,
+               lambda: diagnosis(job, slurm_platform))
+    job = finished(job, slurm_platform, eventually, 2 * START_S)
+    assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
+    assert job.backend_options["exclude"] == [lost]
+    assert job.spec["parallel"]["hosts"] == 1
+    assert nodes_of(slurm_platform, job.backend_ref) == slurm_platform.node(0)
+    membership = Event.objects.get(job=job, type="membership")
+    assert membership.data["hosts_after"] == [slurm_platform.node(0)], membership.data
+    assert stored_steps(job) == list(range(1, steps + 1))
+
+
+def trained(job: Job, steps: int, cluster, eventually) -> None:
+    """Wait until `job` stored the loss of `steps` steps."""
+    eventually(lambda: len(stored_steps(job)) >= steps, 2 * START_S,
+               lambda: diagnosis(job, cluster))
+
+
+def stored_steps(job: Job) -> list[int]:
+    return sorted(MetricPoint.objects.filter(job_id=job.pk, name="loss")
+                  .values_list("step", flat=True))
+
+
+def nodes_of(cluster, slurm_id: str) -> str:
+    """The nodes Slurm gave `slurm_id`, in its compressed form."""
+    return slurm_job(cluster, slurm_id)["NodeList"]
+
+
+def slurm_job(cluster, slurm_id: str) -> dict[str, str]:
+    return dict(item.partition("=")[::2] for item in
+                cluster.client("scontrol", "-o", "show", "job", slurm_id).split())
+
+
+def near_its_limit(cluster, slurm_id: str) -> None:
+    """Bring the Slurm job's time limit near: Slurm warns a job once at most LEAD_S are left
+    (up to its 30 s check earlier), so a limit LEAD_S + [-30, 30) s from now is warned at its
+    next check, with at least a minute left to checkpoint (limits are whole minutes)."""
+    clock = slurm_job(cluster, slurm_id)["RunTime"].split("-")[-1]  # [D-]HH:MM:SS
+    hours, mins, secs = (int(n) for n in clock.split(":"))
+    minutes = (hours * 3600 + mins * 60 + secs + LEAD_S + 30) // 60
+    cluster.client("scontrol", "update", f"JobId={slurm_id}", f"TimeLimit={minutes}")

@@ -1,0 +1,220 @@
+"""One launch of a job on Slurm, followed across the Slurm jobs it takes (jobs.backends.slurm
+submits them), and the `slurm` backend that starts it.
+
+`SlurmRun.poll` asks Slurm at most every SLURM_POLL_S; while Slurm holds the job pending, its
+reason is the Ringside job's waiting reason. The launch usually ends with its Slurm job, except:
+
+- a reshard onto another node count: jobs.commands delivers it to the engine as a cold pause
+  (jobs.backends.slurm.resubmits); once that Slurm job ended, the job's spec takes the new
+  layout (the global batch kept, as the engine's own reshard keeps it) and it is submitted
+  again at the new size from the checkpoint. The job stays `resharding` until the new engine
+  runs.
+- a lost node: Slurm marks it down (after its SlurmdTimeout) and ends or requeues the job. If
+  the nodes left are at least `parallel.min_hosts`, the job is submitted again on that many
+  nodes, without the lost ones (`--exclude`, kept for the job's later submissions), laid out
+  on fewer hosts as the hosts backend does, from the newest checkpoint; a `host_lost` anomaly
+  and a `membership` event say so in its events. Otherwise Slurm's own requeue (`--requeue`)
+  runs it again when it has the nodes, or, where Slurm ended it, the launch fails as any
+  failure does and the platform's policy may resume it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from django.conf import settings
+
+from engine.contract import AnomalyEvent, AnomalyKind, ExitCode, MembershipEvent
+from engine.runtime.events import EventLog
+from engine.runtime.spec import SpecError, layout_on_hosts, parse_spec, reshard_layout
+from jobs.backends.slurm import (
+    ALIVE,
+    Seen,
+    SlurmError,
+    client,
+    hostnames,
+    look,
+    lost_nodes,
+    resubmits,
+    slurmd_timeout_s,
+    submit,
+)
+from jobs.launch import run_dir
+from jobs.models import SUPERVISED, Command, CommandKind, Job, State
+
+log = logging.getLogger(__name__)
+
+CLEAN_ENDS = frozenset({ExitCode.COMPLETED, ExitCode.PAUSED, ExitCode.CANCELLED})
+
+
+class SlurmRun:
+    """One launch: `poll` gives its exit code once it ended (a signal's as its negative)."""
+
+    def __init__(self, job: Job, slurm_id: str):
+        self.job = job
+        self.returncode: int | None = None
+        self.asked_at = 0.0
+        self.reason = ""
+        self._follow(slurm_id)
+
+    @property
+    def ref(self) -> str:
+        return f"Slurm job {self.slurm_id}"
+
+    def poll(self) -> int | None:
+        if self.returncode is not None or time.monotonic() - self.asked_at < settings.SLURM_POLL_S:
+            return self.returncode
+        self.asked_at = time.monotonic()
+        seen = look(self.slurm_id)
+        self.state = seen.state
+        if seen.state == "RUNNING" and seen.nodes != self.placed:
+            self.placed, self.nodes = seen.nodes, hostnames(seen.nodes)
+        # pending again after it ran: Slurm requeued it (a node failed)
+        if seen.state in ALIVE and not (self.nodes and seen.state == "PENDING"):
+            self._waiting(seen.reason if seen.state == "PENDING" else "")
+            return None
+        self._waiting("")
+        if self._goes_on(seen):
+            return None
+        self.returncode = seen.code
+        return seen.code
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(settings.SLURM_POLL_S)
+        return self.returncode
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """SIGTERM: to every process of a running job (the launchers stop their ranks);
+        SIGKILL, or a job not running yet: cancelled outright."""
+        try:
+            if sig == signal.SIGTERM and self.state == "RUNNING":
+                client("scancel", "--full", "--signal=TERM", self.slurm_id)
+            else:
+                client("scancel", self.slurm_id)
+        except SlurmError as error:  # it ended meanwhile
+            log.info("job %s: %s", self.job.pk, error)
+
+    def _follow(self, slurm_id: str) -> None:
+        """Follow the Slurm job `slurm_id` from its submission on."""
+        self.slurm_id, self.state = slurm_id, "PENDING"
+        self.nodes: list[str] = []  # where it runs, once Slurm started it
+        self.placed = ""  # the compressed node list they were read from
+        self.settle_by: float | None = None  # a failed end waits this long to see a node down
+
+    def _goes_on(self, seen: Seen) -> bool:
+        """Whether the launch goes on now that its Slurm job ended or was requeued: submitted
+        again (at a reshard's size; on the nodes left), or requeued by Slurm."""
+        if seen.code == ExitCode.PAUSED and self._resharded():
+            return True
+        if seen.state not in ALIVE and seen.code in CLEAN_ENDS:
+            return False
+        lost = self._lost()
+        if lost is None:
+            return True  # Slurm has not yet said whether a node is down
+        if lost and self._without(lost):
+            return True
+        if seen.state in ALIVE:  # requeued by Slurm: it runs again when Slurm has the nodes
+            log.warning("job %s: Slurm requeued %s (lost: %s)", self.job.pk, self.ref, lost)
+            self.placed, self.nodes = "", []
+            return True
+        return False
+
+    def _lost(self) -> list[str] | None:
+        """The nodes of a multi-node run that Slurm holds down; None while Slurm may still be
+        finding out (up to twice its SlurmdTimeout after the end)."""
+        if len(self.nodes) < 2:
+            return []
+        lost = lost_nodes(self.nodes)
+        if lost:
+            return lost
+        if self.settle_by is None:
+            self.settle_by = time.monotonic() + 2 * slurmd_timeout_s() + 5
+        return None if time.monotonic() < self.settle_by else []
+
+    def _steerable(self) -> bool:
+        """Whether the job may still be submitted again (not cancelled, still ours)."""
+        self.job.refresh_from_db()
+        return self.job.state in SUPERVISED and self.job.cancel_requested_at is None
+
+    def _resharded(self) -> bool:
+        """The engine paused for a reshard onto another node count: submitted again at it."""
+        job = self.job
+        if not self._steerable() or job.state != State.RESHARDING:
+            return False
+        command = Command.objects.filter(job=job, kind=CommandKind.RESHARD).order_by("-pk").first()
+        if command is None or not resubmits(job, command.args):
+            return False
+        layout, before = reshard_layout(job.spec, command.args), parse_spec(job.spec)
+        world = layout["nodes"] * layout["procs_per_node"]
+        job.adopt_layout(layout, before.train.micro_batch * before.parallel.world_size // world)
+        log.info("job %s: reshard onto %s node(s): a new submission", job.pk, layout["hosts"])
+        return self._submit_again()
+
+    def _without(self, lost: list[str]) -> bool:
+        """Submit the job again on the nodes left, if `parallel.min_hosts` allows."""
+        job, before = self.job, list(self.nodes)
+        left = len(before) - len(lost)
+        if not self._steerable() or left < (parse_spec(job.spec).parallel.min_hosts or 1):
+            return False
+        try:
+            spec = layout_on_hosts(job.spec, left)
+        except SpecError as error:  # the global batch does not divide over fewer ranks
+            log.warning("job %s: cannot go on on %s node(s): %s", job.pk, left, error)
+            return False
+        if self.state in ALIVE:
+            self.signal_all(signal.SIGKILL)  # Slurm's requeue of it: ours replaces it
+        exclude = sorted(set(job.backend_options.get("exclude", [])) | set(lost))
+        Job.objects.filter(pk=job.pk).update(
+            spec=spec, backend_options={**job.backend_options, "exclude": exclude})
+        job.refresh_from_db()
+        announce_loss(job, before, lost)
+        return self._submit_again()
+
+    def _submit_again(self) -> bool:
+        """Submit the job as its spec says now and follow that; False, the job failed with
+        Slurm's word, if Slurm refuses it (a size its partition does not allow, say)."""
+        try:
+            self._follow(submit(self.job))
+        except SlurmError as error:
+            self.job.fail(f"Slurm refused to take it again: {error}")
+            return False
+        return True
+
+    def _waiting(self, reason: str) -> None:
+        if reason != self.reason:
+            self.reason = reason
+            Job.objects.filter(pk=self.job.pk).update(
+                waiting_reason=f"Slurm holds it pending: {reason}" if reason else "")
+
+
+def announce_loss(job: Job, before: list[str], lost: list[str]) -> None:
+    """Publish the lost nodes into the job's events (a `host_lost` anomaly, then the
+    `membership` change), as the hosts backend does for a lost host."""
+    after = [name for name in before if name not in lost]
+    reason = (f"Slurm node(s) {', '.join(lost)} lost: submitted again on {len(after)} node(s) "
+              "without them (--exclude), from the newest checkpoint")
+    log.warning("job %s: %s", job.pk, reason)
+    events = EventLog(str(job.pk), run_dir(job) / "events.jsonl", settings.REDIS_URL)
+    try:
+        events.emit(AnomalyEvent(step=job.step, kind=AnomalyKind.HOST_LOST, severity="error",
+                                 evidence={"lost": lost, "reason": reason}))
+        events.emit(MembershipEvent(step=job.step, hosts_before=before, hosts_after=after,
+                                    world_size=parse_spec(job.spec).parallel.world_size,
+                                    reason=reason))
+    finally:
+        events.close()
+
+
+class SlurmBackend:
+    def start(self, job: Job) -> tuple[SlurmRun, None]:
+        """Submit this incarnation; its engine's launchers start when Slurm allocates."""
+        return SlurmRun(job, submit(job)), None
+
+    def release(self, job: Job) -> None:
+        """Nothing is held once the Slurm job ended (the supervisor waited for it)."""
+
+
+BACKEND = SlurmBackend()
