@@ -84,14 +84,15 @@ class RollbackBody(CommandBody):
         required=False, help_text="false: take the checkpoint's live settings (`set`) "
                                   "rather than keep the current ones")
 
-    def validate_checkpoint(self, checkpoint_id: int) -> int:
-        job_checkpoint(self.context["job"], checkpoint_id)
-        return checkpoint_id
-
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         if ("checkpoint" in data) == ("step" in data):
             raise serializers.ValidationError(
                 {"checkpoint": "give exactly one of checkpoint and step"})
+        if "checkpoint" in data:
+            try:
+                job_checkpoint(self.context["job"], data["checkpoint"])
+            except serializers.ValidationError as e:
+                raise serializers.ValidationError({"checkpoint": e.detail}) from e
         return data
 
     def engine_args(self) -> dict[str, Any]:

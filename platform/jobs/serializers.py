@@ -74,16 +74,12 @@ class JobCreateSerializer(serializers.Serializer):
     placement `priority` (jobs.placement: higher first), its fault policy (`platform`:
     jobs.policy), its trackers (`sinks`: monitor.sinks.options) and its backend (`backend`,
     `slurm`: jobs.backends.options). Validates to the job's `spec`, `policy`, `sinks`,
-    `backend` and `priority`; `errors` names each bad field by its dotted path, with one
+    `backend` and `priority`; its errors name each bad field by its dotted path, with one
     message (the spec's own paths: `train.lr`)."""
 
     priority = serializers.IntegerField(
         default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1],
         help_text="placement order, higher first; waiting jobs age upwards so none starves")
-
-    @property
-    def errors(self) -> dict[str, str]:
-        return {k: " ".join(map(str, v)) for k, v in super().errors.items()}
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         errors: dict[str, str] = {}
