@@ -164,24 +164,22 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     ordering_fields = ["created_at", "id", "name", "state", "step"]
     ordering = ["-created_at", "-id"]
 
+    serializer_class = JobSerializer  # the list's; each action with a body names its own
+    action_serializers = {"create": JobCreateSerializer, "retrieve": JobDetailSerializer,
+                          "partial_update": JobNoteSerializer}
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
             return Job.objects.none()
         # one query for every listed job's placement (Job.placement reads the prefetch)
         return visible_jobs(self.request.user).prefetch_related("reservations__host")
 
-    serializer_class = JobSerializer  # the list's; the steering actions name their own body
-    # the other actions' own serializers
-    serializers = {"create": JobCreateSerializer, "retrieve": JobDetailSerializer,
-                   "partial_update": JobNoteSerializer}
-
     def get_serializer_class(self) -> type[serializers.Serializer]:
-        return self.serializers.get(self.action, self.serializer_class)
+        return self.action_serializers.get(self.action, self.serializer_class)
 
     def get_serializer_context(self) -> dict[str, Any]:
-        # a new job is confined to what its caller may read; an action's body is checked
-        # against its job (a rollback's checkpoint, a reshard's layout) and a decision's
-        # against its proposal, named by the URL
+        # an action's body is checked against its job (a rollback's checkpoint, a reshard's
+        # layout, a clone's checkpoint) and a decision's against its proposal, named by the URL
         context = super().get_serializer_context()
         if self.detail and self.request.method == "POST":
             context["job"] = self.get_object()

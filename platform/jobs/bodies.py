@@ -164,8 +164,7 @@ class SetBody(CommandBody):
 
 
 class DecideBody(CommandBody):
-    """A person's answer to a proposal of the fault policy (the proposal named in the URL,
-    the serializer context's `proposal`)."""
+    """A person's answer to a proposal of the fault policy (the proposal named in the URL)."""
 
     choice = serializers.ChoiceField(
         choices=[str(c) for c in Choice],
@@ -178,7 +177,7 @@ class DecideBody(CommandBody):
         if (data["choice"] == Choice.CHOOSE) != ("action" in data):
             raise serializers.ValidationError(
                 {"action": f"needed with choice {Choice.CHOOSE}, and only with it"})
-        return {"proposal": self.context["proposal"], **data}
+        return {"proposal": self.context["proposal"], **data}  # the URL's (JobViewSet)
 
 
 class CloneBody(serializers.Serializer):
