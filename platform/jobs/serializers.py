@@ -100,8 +100,9 @@ class JobCreateSerializer(serializers.Serializer):
 
     def _options(self, data: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
         """The fields beside the spec, validated; each bad one's message added to `errors`."""
-        job: dict[str, Any] = {"policy": PlatformPolicy(), "sinks": None,  # the owner's
-                               "backend": backend_options.parse(data, _hosts_asked(data), errors)}
+        job: dict[str, Any] = {
+            "policy": PlatformPolicy(), "sinks": None,  # None: the owner's defaults
+            "backend": backend_options.parse(data, _hosts_asked(data), errors)}
         try:
             job["policy"] = PlatformPolicy.parse(data.get("platform"))
         except PolicyError as e:
