@@ -28,8 +28,8 @@ from datasets.serializers import (
 )
 from engine.contract import is_url
 from jobs.errors import BAD_BODY, DETAIL, UNAUTHENTICATED
+from jobs.models import AuditEntry
 from jobs.permissions import request_cause
-from jobs.steering import audit
 from ringside.parsers import BoundedJSONParser
 
 ERRORS = {401: UNAUTHENTICATED,
@@ -80,8 +80,9 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
         if not body.is_valid():
             return Response(dotted(body.errors), status=status.HTTP_400_BAD_REQUEST)
         dataset = Dataset.objects.create(owner=request.user, **body.validated_data)
-        audit("dataset.create", request.user.get_username(), request_cause(request),
-              user=request.user, dataset=dataset.pk, name=dataset.name)
+        AuditEntry.record("dataset.create", request.user.get_username(),
+                          request_cause(request), user=request.user, dataset=dataset.pk,
+                          name=dataset.name)
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, pk: str) -> Response:
@@ -125,8 +126,9 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
         dataset.delete()
         if folder and not is_url(folder):
             shutil.rmtree(folder, ignore_errors=True)
-        audit("dataset.delete", request.user.get_username(), request_cause(request),
-              user=request.user, dataset=int(pk), name=dataset.name)
+        AuditEntry.record("dataset.delete", request.user.get_username(),
+                          request_cause(request), user=request.user, dataset=int(pk),
+                          name=dataset.name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -26,9 +26,9 @@ from datasets import mix
 from engine.contract import CheckpointTier, is_url
 from engine.errors import SpecError
 from engine.runtime.confine import OUTSIDE, expand, glob_base, is_under
+from jobs.bodies import job_checkpoint
 from jobs.models import Job
 from jobs.permissions import visible_jobs
-from jobs.serializers import job_checkpoint
 from monitor.models import Checkpoint
 
 CHECKPOINT_DIR = ("set by the platform: a job's checkpoints live in the storage it assigns "

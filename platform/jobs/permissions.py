@@ -7,6 +7,7 @@ and a live socket follow one rule: a user sees and steers only their own jobs; s
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -16,7 +17,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from jobs.models import ApiToken, Cause, Job, token_digest
+from jobs.models import ApiToken, AuditEntry, Cause, Job, token_digest
 
 # a token's last_used is written at most this often, so reads do not each cost a write
 LAST_USED_RESOLUTION_S = 60
@@ -73,6 +74,12 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
 def request_cause(request: Request) -> str:
     """API token or a person's session: the JobEvent cause of what this request does."""
     return Cause.API_TOKEN if isinstance(request.auth, ApiToken) else Cause.USER
+
+
+def audit(request: Request, action: str, **details: Any) -> AuditEntry:
+    """The audit entry of what this request did: by its user, through a token or a session."""
+    return AuditEntry.record(action, request.user.get_username(), request_cause(request),
+                             **details)
 
 
 

@@ -1,37 +1,19 @@
-"""What the API reads and writes. Request bodies are validated here, field by field."""
+"""What the API reads and writes: jobs and what they hold (commands, checkpoints, anomalies),
+a job-create body, the planner's query and answer, tokens and webhooks. The steering actions'
+and a clone's bodies are in jobs.bodies."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers
-from rest_framework.settings import api_settings
 
-from engine.anomaly.policy import LADDER_ACTIONS
-from engine.contract import (
-    COLLECTIVES,
-    STRATEGIES,
-    CheckpointTier,
-    Choice,
-    CommandKind,
-    CommandRule,
-    PauseMode,
-    ProposalStatus,
-    ShareMode,
-)
+from engine.contract import COLLECTIVES, CommandKind, CommandRule, ProposalStatus
 from engine.moe.config import PRESETS
-from engine.runtime.settings import validate_settings
-from engine.runtime.spec import (
-    ParallelSpec,
-    SpecError,
-    TrainSpec,
-    parse_spec,
-    reshard_layout,
-    resharded,
-    share_errors,
-)
+from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec
+from jobs import confinement, history
+from jobs.backends import options as backend_options
 from jobs.models import (
     ApiToken,
     AuditEntry,
@@ -44,10 +26,12 @@ from jobs.models import (
     State,
     Webhook,
 )
-from monitor.models import Action, Anomaly, Checkpoint
+from jobs.policy import PlatformPolicy, PolicyError
+from monitor.models import Anomaly, Checkpoint
+from monitor.sinks import options as sink_options
 from monitor.sinks.api import SinkSerializer
 from ringside.addresses import Refused, reachable
-from ringside.text import text_error
+from ringside.text import text_error, text_errors
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -85,13 +69,66 @@ class JobSerializer(serializers.ModelSerializer):
 PRIORITY_RANGE = (-100, 100)
 
 
-class JobOptions(serializers.Serializer):
-    """The platform's own fields of a job-create body, beside the spec: its placement
-    priority (jobs.placement: higher first)."""
+class JobCreateSerializer(serializers.Serializer):
+    """A job-create body: the job spec itself, and beside it the platform's own fields: its
+    placement `priority` (jobs.placement: higher first), its fault policy (`platform`:
+    jobs.policy), its trackers (`sinks`: monitor.sinks.options) and its backend (`backend`,
+    `slurm`: jobs.backends.options). Validates to the job's `spec`, `policy`, `sinks`,
+    `backend` and `priority`; its errors name each bad field by its dotted path, with one
+    message (the spec's own paths: `train.lr`)."""
 
     priority = serializers.IntegerField(
         default=0, min_value=PRIORITY_RANGE[0], max_value=PRIORITY_RANGE[1],
         help_text="placement order, higher first; waiting jobs age upwards so none starves")
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        job = self._options(data if isinstance(data, dict) else {}, errors)
+        unreadable = text_errors(data)
+        if unreadable:  # nothing else reads a string that is not text (a path, a name)
+            raise serializers.ValidationError({**errors, **unreadable})
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in (*BESIDE_SPEC, *self.fields)}
+        data = confinement.confine(data, self.context["request"].user, errors)
+        try:
+            job["spec"] = parse_spec(data).to_dict()
+        except SpecError as e:
+            errors.update(e.errors)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return job
+
+    def _options(self, data: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+        """The fields beside the spec, validated; each bad one's message added to `errors`."""
+        job: dict[str, Any] = {
+            "policy": PlatformPolicy(), "sinks": None,  # None: the owner's defaults
+            "backend": backend_options.parse(data, _hosts_asked(data), errors)}
+        try:
+            job["policy"] = PlatformPolicy.parse(data.get("platform"))
+        except PolicyError as e:
+            errors.update(e.errors)
+        try:
+            job["sinks"] = sink_options.parse(data["sinks"]) if "sinks" in data else None
+        except sink_options.SinkError as e:
+            errors.update(e.errors)
+        try:
+            job.update(super().to_internal_value({k: v for k, v in data.items()
+                                                  if k in self.fields}))
+        except serializers.ValidationError as e:
+            errors.update({k: " ".join(map(str, v)) for k, v in e.detail.items()})
+        return job
+
+
+# read beside the spec, not in it: the fault policy, the trackers, the backend's own options
+BESIDE_SPEC = ("platform", "sinks", "backend", "slurm")
+
+
+def _hosts_asked(data: dict) -> int:
+    """The hosts a create body asks for, as the backend's limits count them (a malformed
+    value is the spec's to report)."""
+    parallel = data.get("parallel")
+    hosts = parallel.get("hosts", 1) if isinstance(parallel, dict) else 1
+    return hosts if isinstance(hosts, int) and not isinstance(hosts, bool) else 1
 
 
 TAG = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,31}$")
@@ -201,34 +238,8 @@ class CheckpointSerializer(serializers.ModelSerializer):
         # the view reads the job's rollbacks once for the page; a lone checkpoint reads its own
         rollbacks = self.context.get("rollbacks")
         if rollbacks is None:
-            rollbacks = job_rollbacks(checkpoint.job_id)
-        return branch(checkpoint, rollbacks)
-
-
-def job_rollbacks(job_id: int) -> list[tuple[int, int]]:
-    """(seq, to_step) of each rollback the engine carried out for the job."""
-    found = Action.objects.filter(job_id=job_id, action="rollback").values_list("seq", "details")
-    return [(seq, details["to_step"]) for seq, details in found if "to_step" in details]
-
-
-def branch(checkpoint: Checkpoint, rollbacks: list[tuple[int, int]]) -> str:
-    """"abandoned" when a later rollback (by event seq) went back to before the checkpoint's
-    step: training went on from an older state, and the steps it saved were trained again."""
-    abandoned = any(seq > checkpoint.seq and to_step < checkpoint.step
-                    for seq, to_step in rollbacks)
-    return "abandoned" if abandoned else "live"
-
-
-def job_checkpoint(job: Job, checkpoint_id: int) -> Checkpoint:
-    """One of `job`'s checkpoints that still exists, or a ValidationError saying why not."""
-    found = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
-    if found is None:
-        raise serializers.ValidationError(f"job {job.pk} has no checkpoint {checkpoint_id}")
-    if not found.available:
-        raise serializers.ValidationError(
-            f"checkpoint {checkpoint_id} (step {found.step}) was deleted by the job's "
-            f"retention (checkpoint.keep); pick a newer one")
-    return found
+            rollbacks = history.rollbacks(checkpoint.job_id)
+        return history.branch(checkpoint, rollbacks)
 
 
 class AnomalySerializer(serializers.ModelSerializer):
@@ -243,132 +254,6 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         model = AuditEntry
         fields = ["id", "time", "actor", "cause", "action", "job", "details"]
         read_only_fields = fields
-
-
-class CommandBody(serializers.Serializer):
-    """A command's body; pause, resume, cancel and checkpoint have no fields."""
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        # what jobs.steering.issue takes: the args stored on the command as the user gave
-        # them, and the same command as the engine takes it
-        return {"args": data, "engine_args": data}
-
-
-class PauseBody(CommandBody):
-    mode = serializers.ChoiceField(
-        choices=[str(m) for m in PauseMode], required=False,
-        help_text="cold (default): checkpoint and stop, freeing the worker; warm: the ranks "
-                  "idle with their state in memory, and resume goes on within a second")
-    max_s = serializers.FloatField(
-        required=False, min_value=1, max_value=7 * 24 * 3600,
-        help_text="warm: how long it may stay warm before it turns cold (default: the "
-                  "platform's JOB_WARM_PAUSE_MAX_S)")
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        if data.get("mode") != PauseMode.WARM:
-            if "max_s" in data:
-                raise serializers.ValidationError({"max_s": "only a warm pause has a limit"})
-            return super().validate(data)
-        # the engine is told the limit, the platform's default when the body gives none
-        return {"args": data, "engine_args": {
-            "mode": PauseMode.WARM, "max_s": data.get("max_s", settings.JOB_WARM_PAUSE_MAX_S)}}
-
-
-class RollbackBody(CommandBody):
-    checkpoint = serializers.IntegerField(
-        required=False, min_value=1,
-        help_text="the id of one of this job's checkpoints (GET .../checkpoints/)")
-    step = serializers.IntegerField(
-        required=False, min_value=0, help_text="go back to the newest checkpoint at or before")
-    skip_data = serializers.BooleanField(
-        default=False, help_text="skip the data window since that checkpoint")
-    keep_settings = serializers.BooleanField(
-        required=False, help_text="false: take the checkpoint's live settings (`set`) "
-                                  "rather than keep the current ones")
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        if ("checkpoint" in data) == ("step" in data):
-            raise serializers.ValidationError(
-                {"checkpoint": "give exactly one of checkpoint and step"})
-        engine_args: dict[str, Any] = {"skip_data": data["skip_data"]}
-        if "keep_settings" in data:
-            engine_args["keep_settings"] = data["keep_settings"]
-        if "checkpoint" in data:
-            try:
-                found = job_checkpoint(self.context["job"], data["checkpoint"])
-            except serializers.ValidationError as e:
-                raise serializers.ValidationError({"checkpoint": e.detail}) from e
-            # the engine knows checkpoints by their folder, not by the platform's ids
-            engine_args["checkpoint"] = found.path
-        else:
-            engine_args["step"] = data["step"]
-        return {"args": data, "engine_args": engine_args}
-
-
-class ReshardBody(CommandBody):
-    strategy = serializers.ChoiceField(choices=STRATEGIES, help_text="a PaRO strategy")
-    nodes = serializers.IntegerField(min_value=1)
-    procs_per_node = serializers.IntegerField(min_value=1)
-    hosts = serializers.IntegerField(
-        min_value=1, required=False,
-        help_text="a Slurm job only: its Slurm nodes (another count is a new submission)")
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        job = self.context["job"]
-        hosts = parse_spec(job.spec).parallel.hosts
-        if data.get("hosts", hosts) != hosts and job.backend != "slurm":
-            # another allocation's size is a new submission, which only Slurm's jobs take
-            raise serializers.ValidationError(
-                {"hosts": "only a job on the slurm backend changes its host count in a reshard"})
-        try:  # the engine's own rules for a reshard (layout, batch over the ranks)
-            resharded(job.spec, reshard_layout(job.spec, data))
-        except SpecError as e:
-            raise serializers.ValidationError(
-                {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e
-        return super().validate(data)
-
-
-class RebalanceBody(CommandBody):
-    shares = serializers.JSONField(
-        required=False, default=ShareMode.AUTO.value,
-        help_text="samples of each step's global batch per data-parallel rank (a list that "
-                  "sums to micro_batch x ranks x grad_accum, at least grad_accum each, pinned "
-                  "until the next rebalance); \"auto\" (default): follow the ranks' measured "
-                  "speeds; \"even\": back to even shares")
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        spec = parse_spec(self.context["job"].spec)  # the job's layout now (after reshards)
-        p, t = spec.parallel, spec.train
-        shares = data["shares"]
-        if p.world_size < 2:
-            raise serializers.ValidationError(
-                {"shares": "the job has one data-parallel rank; there is no other rank to "
-                           "share its batch with"})
-        if shares not in tuple(ShareMode):
-            error = share_errors(shares, p.world_size, t.micro_batch * p.world_size
-                                 * t.grad_accum, t.grad_accum)
-            if error is not None:
-                raise serializers.ValidationError(
-                    {"shares": f"{error} (or {ShareMode.AUTO.value!r} or "
-                               f"{ShareMode.EVEN.value!r})"})
-        return super().validate({"shares": shares})
-
-
-class SetBody(CommandBody):
-    """Live settings as a flat object of dotted spec keys, e.g. `{"train.lr": 0.001,
-    "checkpoint.every": 20}`, checked by the engine's own validator
-    (engine.runtime.settings)."""
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        return dict(data)  # the keys are dotted paths, not fields of this serializer
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        try:
-            values = validate_settings(data)
-        except SpecError as e:
-            raise serializers.ValidationError(
-                {k or api_settings.NON_FIELD_ERRORS_KEY: v for k, v in e.errors.items()}) from e
-        return {"args": data, "engine_args": values}
 
 
 class ProposalSerializer(serializers.Serializer):
@@ -388,44 +273,6 @@ class ProposalSerializer(serializers.Serializer):
     by = serializers.CharField(allow_null=True, default=None,
                                help_text="who decided: a command, or the timeout")
     command = serializers.CharField(allow_null=True, default=None)
-
-
-class DecideBody(CommandBody):
-    """A person's answer to a proposal of the fault policy (the proposal named in the URL)."""
-
-    choice = serializers.ChoiceField(
-        choices=[str(c) for c in Choice],
-        help_text="approve: take the proposed action; choose: take `action` instead; dismiss: "
-                  "neither (the run observes)")
-    action = serializers.ChoiceField(choices=list(LADDER_ACTIONS), required=False,
-                                     help_text="choose: the action to take")
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        if (data["choice"] == Choice.CHOOSE) != ("action" in data):
-            raise serializers.ValidationError(
-                {"action": f"needed with choice {Choice.CHOOSE}, and only with it"})
-        return super().validate({"proposal": self.context["proposal"], **data})
-
-
-class CloneBody(serializers.Serializer):
-    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", required=False,
-                                  help_text="default: the original's name")
-    checkpoint = serializers.IntegerField(
-        required=False, min_value=1,
-        help_text="start from this checkpoint of the original (a disk checkpoint's id)")
-
-    def validate_checkpoint(self, value: int) -> Checkpoint:
-        found = job_checkpoint(self.context["job"], value)
-        if found.tier == CheckpointTier.MEMORY:
-            raise serializers.ValidationError("a memory-tier checkpoint cannot seed a clone; "
-                                              "pick a disk one")
-        return found
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        # what the new job takes: its name, and the checkpoint it starts from (empty: afresh)
-        found = data.get("checkpoint")
-        return {"name": data.get("name", self.context["job"].name),
-                "resume_from": found.path if found else ""}
 
 
 class CommandRuleSerializer(serializers.Serializer):

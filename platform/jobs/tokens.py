@@ -7,9 +7,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
-from jobs.models import ApiToken, Cause
+from jobs.models import ApiToken, AuditEntry, Cause
 from jobs.permissions import token_creation_wait
-from jobs.steering import audit
 
 NEW_KEY = "tokens.new_key"  # the session's copy of a key just created, until it is shown
 
@@ -24,8 +23,8 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
         if "revoke" in request.POST:
             token = get_object_or_404(ApiToken, user=user, pk=request.POST["revoke"])
             token.revoke()
-            audit("token.revoke", user.get_username(), Cause.USER, user=user, name=token.name,
-                  token=token.pk)
+            AuditEntry.record("token.revoke", user.get_username(), Cause.USER, user=user,
+                              name=token.name, token=token.pk)
             messages.info(request, f"Token “{token.name}” revoked.")
             return redirect("tokens")
         name = request.POST.get("name", "").strip()
@@ -36,8 +35,8 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
             error = f"too many new tokens this hour; try again in {wait:.0f} s"
         else:
             token = ApiToken.objects.create(user=user, name=name)
-            audit("token.create", user.get_username(), Cause.USER, user=user, name=name,
-                  token=token.pk)
+            AuditEntry.record("token.create", user.get_username(), Cause.USER, user=user,
+                              name=name, token=token.pk)
             request.session[NEW_KEY] = token.key
             return redirect("tokens")
     return render(request, "tokens.html", {

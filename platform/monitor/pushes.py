@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine import contract
-from jobs.live_settings import settings_history
+from jobs import history
 from jobs.models import Command, Job
-from jobs.serializers import CheckpointSerializer, CommandSerializer, job_rollbacks
+from jobs.serializers import CheckpointSerializer, CommandSerializer
 from monitor.models import Checkpoint, Event
 
 # the checkpoints a message lists, newest: as many as the snapshot's checkpoint events
@@ -49,13 +49,14 @@ def commands_message(job_id: int, seq: int) -> dict[str, Any]:
 def checkpoints_message(job_id: int, seq: int) -> dict[str, Any]:
     newest = Checkpoint.objects.filter(job_id=job_id).select_related("export").order_by("-seq")
     rows = list(newest[:CHECKPOINTS_LISTED])[::-1]  # oldest first, as the API lists them
-    listed = CheckpointSerializer(rows, many=True, context={"rollbacks": job_rollbacks(job_id)})
+    listed = CheckpointSerializer(rows, many=True,
+                                  context={"rollbacks": history.rollbacks(job_id)})
     return {"type": "checkpoints", "seq": seq, "checkpoints": listed.data}
 
 
 def settings_message(job_id: int, seq: int) -> dict[str, Any]:
     return {"type": "settings", "seq": seq,
-            **settings_history(Job.objects.get(pk=job_id))}
+            **history.settings_history(Job.objects.get(pk=job_id))}
 
 
 def resync(job_id: int) -> list[dict[str, Any]]:

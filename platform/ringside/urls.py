@@ -9,17 +9,11 @@ from datasets.views import datasets_page
 from hosts.api import HostViewSet
 from hosts.views import hosts_page
 from jobs import views
-from jobs.api import (
-    ApiTokenViewSet,
-    AuditView,
-    CommandRulesView,
-    JobViewSet,
-    PlanView,
-    TokenView,
-    WebhookViewSet,
-)
+from jobs.access_api import ApiTokenViewSet, AuditView, TokenView, WebhookViewSet
+from jobs.api import CommandRulesView, JobViewSet
 from jobs.files import FilesView
 from jobs.login import LoginView
+from jobs.plan_api import PlanView
 from jobs.tokens import tokens_page
 from monitor.sinks.api import SecretListView, SecretView, SinkDefaultsView
 

@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from engine.contract import COMMAND_RULES, CommandKind
 from jobs.api import JobViewSet
+from jobs.bodies import CommandBody
 from jobs.models import Job, State
 from monitor.ingest import store_events
 from monitor.models import Checkpoint
@@ -210,6 +211,16 @@ def test_each_steering_action_is_a_method_of_the_viewset_under_its_own_name(kind
     assert f"def {kind}(self, request" in inspect.getsource(written)
     assert method.mapping == {"post": kind} and method.detail
     assert reverse(f"job-{kind}", args=[7]) == f"/api/jobs/7/{kind}/"
+
+
+@pytest.mark.parametrize("kind", list(CommandKind))
+def test_each_steering_action_reads_its_own_body_through_the_viewsets_serializer(kind):
+    method = JobViewSet.__dict__[kind]
+    body = method.kwargs["serializer_class"]
+    assert issubclass(body, CommandBody)
+    view = JobViewSet(**method.kwargs)  # what the router's route makes of the action
+    view.action = kind
+    assert view.get_serializer_class() is body
 
 
 def test_a_decision_is_a_method_of_the_viewset_reached_through_its_proposal():

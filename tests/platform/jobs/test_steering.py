@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 
 from engine.contract import parse_event
 from engine.runtime.events import control_stream
+from jobs.commands import deliver_pending
 from jobs.models import Command, Job, State
-from jobs.steering import deliver_pending
 from jobs.tasks import Supervisor
 from monitor.models import Checkpoint
 from tests.platform.services import stored_checkpoint

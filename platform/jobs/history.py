@@ -1,12 +1,17 @@
-"""A job's live settings: the values in force (the spec's, with the `set` commands the engine
-carried out over them) and how they came to be, replayed from the stored action events."""
+"""A job's history as the engine's stored `action` events tell it: the live settings in force
+over time (`set` commands, and the rollbacks that restored a checkpoint's), and which of its
+checkpoints a rollback abandoned."""
 
 from __future__ import annotations
 
+from engine.contract import CommandKind
 from engine.runtime.settings import launched_values
 from engine.runtime.spec import parse_spec
-from jobs.models import CommandKind, Job
-from monitor.models import Action
+from jobs.models import Job
+from monitor.models import Action, Checkpoint
+
+LIVE = "live"
+ABANDONED = "abandoned"
 
 
 def settings_history(job: Job) -> dict:
@@ -37,3 +42,18 @@ def settings_history(job: Job) -> dict:
         effective = now
         history.append(entry)
     return {"effective": effective, "history": history}
+
+
+def rollbacks(job_id: int) -> list[tuple[int, int]]:
+    """(seq, to_step) of each rollback the engine carried out for the job."""
+    found = Action.objects.filter(job_id=job_id, action="rollback").values_list("seq", "details")
+    return [(seq, details["to_step"]) for seq, details in found if "to_step" in details]
+
+
+def branch(checkpoint: Checkpoint, job_rollbacks: list[tuple[int, int]]) -> str:
+    """ABANDONED when a later rollback (by event seq) went back to before the checkpoint's
+    step: training went on from an older state, and the steps it saved were trained again;
+    else LIVE."""
+    abandoned = any(seq > checkpoint.seq and to_step < checkpoint.step
+                    for seq, to_step in job_rollbacks)
+    return ABANDONED if abandoned else LIVE

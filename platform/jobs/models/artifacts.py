@@ -1,0 +1,78 @@
+"""What is made from a checkpoint on a worker: its `Export` as a model folder
+(jobs.exports) and its `Evaluation`s (jobs.evaluations)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ExportState(models.TextChoices):
+    PENDING = "pending"  # queued for a worker
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Export(models.Model):
+    """A checkpoint exported as a Hugging Face model folder (jobs.exports); one per checkpoint,
+    whose folder an export done again rewrites."""
+
+    checkpoint = models.OneToOneField("monitor.Checkpoint", on_delete=models.CASCADE,
+                                      related_name="export")
+    state = models.CharField(max_length=8, choices=ExportState.choices,
+                             default=ExportState.PENDING)
+    out_dir = models.CharField(max_length=1024, help_text="the model folder")
+    error = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True,
+                               help_text="engine.export's summary: files, tensors, bytes")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"export of checkpoint {self.checkpoint_id} ({self.state})"
+
+    def record(self, state: str, *, error: str = "", summary: dict | None = None) -> None:
+        self.state, self.error, self.summary = state, error, summary or {}
+        self.save(update_fields=["state", "error", "summary", "updated_at"])
+
+
+class Evaluation(models.Model):
+    """One evaluation of a checkpoint (jobs.evaluations): held-out loss and perplexity per
+    source, the user's tasks, generations. A checkpoint may be evaluated many times (other
+    tasks, again); each keeps its own folder of per-item records."""
+
+    checkpoint = models.ForeignKey("monitor.Checkpoint", on_delete=models.CASCADE,
+                                   related_name="evaluations")
+    # a worker's task, as an export's: the same states
+    state = models.CharField(max_length=8, choices=ExportState.choices,
+                             default=ExportState.PENDING)
+    tasks = models.CharField(max_length=1024, blank=True,
+                             help_text="the task file (JSONL) under the user's data roots; "
+                                       "empty: held-out loss only")
+    heldout_windows = models.PositiveIntegerField(default=32,
+                                                  help_text="held-out windows per source")
+    slots = models.PositiveSmallIntegerField(default=1, help_text=(
+        "the most slots it uses at once: as many as no training job holds or waits for"))
+    out_dir = models.CharField(max_length=1024, help_text="the per-item records and results")
+    items_done = models.PositiveIntegerField(default=0)
+    items_total = models.PositiveIntegerField(null=True, help_text="null until it started")
+    results = models.JSONField(default=dict, blank=True,
+                               help_text="engine.evaluate's summary: heldout {source: {loss, "
+                                         "perplexity}}, tasks {name: scores}, generations")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["checkpoint", "pk"]
+
+    def __str__(self) -> str:
+        return f"evaluation {self.pk} of checkpoint {self.checkpoint_id} ({self.state})"
+
+    def record(self, state: str, *, error: str = "", results: dict | None = None) -> None:
+        self.state, self.error = state, error
+        if results is not None:
+            self.results = results
+            self.items_done, self.items_total = results["items_done"], results["items_total"]
+        self.save(update_fields=["state", "error", "results", "items_done", "items_total",
+                                 "updated_at"])
