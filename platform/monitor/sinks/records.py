@@ -5,8 +5,9 @@ Every number of a step event is a series under the name the platform charts it b
 `eval_loss`, `eval_source_loss.web`, ...); a checkpoint's evaluation is series at its step
 under `eval/` (`eval/heldout/web/loss`, `eval/heldout/web/perplexity`,
 `eval/tasks/letters/accuracy`: every number of its task scores). Anomalies, actions and
-state changes are notes (text at a step); a checkpoint is a link to its folder. An event the contract does not take is left
-out, as is a non-finite number (the anomaly that reports it is a note).
+state changes are notes (text at a step); a checkpoint is a link to its folder. An event
+the contract does not take is left out, as is a non-finite number (the anomaly that reports
+it is a note).
 """
 
 from __future__ import annotations
