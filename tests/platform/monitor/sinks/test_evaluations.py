@@ -12,8 +12,7 @@ from monitor.models import Checkpoint
 from monitor.sinks import evaluations
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.records import NAME_PART_CHARS
-from tests.platform.monitor.sinks.conftest import publish_run, write_all
-from tests.platform.monitor.sinks.test_mlflow import history, mlflow_sink, server  # noqa: F401
+from tests.platform.monitor.sinks.conftest import history, publish_run, write_all
 from tests.platform.monitor.sinks.test_tensorboard import read_back
 
 pytestmark = pytest.mark.django_db(transaction=True)
