@@ -524,6 +524,20 @@ class MembershipEvent(Event):
 
 
 @dataclass(kw_only=True)
+class EvaluationEvent(Event):
+    """A checkpoint's evaluation finished (the platform's jobs.evaluations), at the
+    checkpoint's step. Published by the platform after the newest event, as entry
+    `<seq>-<n>` with n > 0 (seq: that newest event's), so the engine's next `<seq+1>-0`
+    still follows it, and the job's sinks read it from the stream as any other."""
+
+    type: ClassVar[str] = "evaluation"
+    evaluation: int
+    checkpoint: str  # its path
+    heldout: dict  # {source: {"loss", "perplexity", "windows"}}
+    tasks: dict  # {task: {score: value}}: exact_match, loglik, accuracy, items
+
+
+@dataclass(kw_only=True)
 class LogEvent(Event):
     type: ClassVar[str] = "log"
     level: str
@@ -533,7 +547,7 @@ class LogEvent(Event):
 EVENT_CLASSES: dict[str, type[Event]] = {
     cls.type: cls for cls in (StateEvent, StepEvent, OpsEvent, ExpertsEvent, AnomalyEvent,
                               ActionEvent, CheckpointEvent, MembershipEvent,
-                              LogEvent, ProposalEvent, BadBatchEvent)
+                              LogEvent, ProposalEvent, BadBatchEvent, EvaluationEvent)
 }
 EVENT_TYPES = tuple(EVENT_CLASSES)
 

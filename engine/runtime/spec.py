@@ -49,6 +49,8 @@ BOUNDS: dict[str, int] = {
     "checkpoint.keep": 1000,
     "checkpoint.memory_every": 1_000_000,
     "faults.inject.*.factor": 1000,
+    "eval.heldout_windows": 4096,
+    "eval.slots": 4,
 }
 SPEC_BOUNDS: dict[str, int] = {
     **BOUNDS,
@@ -137,6 +139,17 @@ class CheckpointSpec:
 
 
 @dataclass
+class EvalSpec:
+    """How the platform evaluates the job's checkpoints (jobs.evaluations); the engine's
+    training ignores it. `on_checkpoint`: every disk checkpoint, as soon as it is published."""
+
+    on_checkpoint: bool = False
+    tasks: str = ""  # a JSONL task file (engine.evaluate); "" = held-out loss only
+    heldout_windows: int = 32  # per source
+    slots: int = 1  # the most at once, of those training leaves free
+
+
+@dataclass
 class FaultsSpec:
     policy: FaultPolicy = field(default_factory=FaultPolicy)
     inject: list[FaultInjection] = field(default_factory=list)
@@ -168,6 +181,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     faults: FaultsSpec = field(default_factory=FaultsSpec)
     data: DataAccess = field(default_factory=DataAccess)
+    eval: EvalSpec = field(default_factory=EvalSpec)
     # the preset the model fields started from, kept so the UI can show it
     preset: str = ""
     # given in the model section, beside the MoEConfig fields (not a field of its own)
@@ -348,6 +362,7 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         ("train.steps", t.steps), ("train.micro_batch", t.micro_batch),
         ("train.grad_accum", t.grad_accum), ("train.seq_len", t.seq_len),
         ("train.eval_batches", t.eval_batches), ("checkpoint.keep", c.keep),
+        ("eval.slots", spec.eval.slots),
     ]:
         if value < 1:
             errors[path] = "must be at least 1"
@@ -356,6 +371,7 @@ def _check_semantics(spec: JobSpec) -> dict[str, str]:
         ("train.threads", t.threads), ("train.seed", t.seed), ("train.decay_end", t.decay_end),
         ("train.trace_every", t.trace_every), ("train.weight_decay", t.weight_decay),
         ("checkpoint.every", c.every), ("checkpoint.memory_every", c.memory_every),
+        ("eval.heldout_windows", spec.eval.heldout_windows),
     ]:
         if value < 0:
             errors[path] = "must be at least 0"

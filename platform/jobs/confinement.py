@@ -65,6 +65,10 @@ def confine(data: Any, user: AbstractBaseUser, errors: dict[str, str]) -> Any:
     model = data.get("model")
     if isinstance(model, dict) and model.get("init_from"):
         model["init_from"] = _init_from(model["init_from"], user, errors)
+    evaluation = data.get("eval")
+    tasks = evaluation.get("tasks") if isinstance(evaluation, dict) else None
+    if isinstance(tasks, str) and tasks:  # read by the job's evaluations (jobs.evaluations)
+        evaluation["tasks"] = resolved(tasks, user, "eval.tasks", errors)
     return data
 
 

@@ -11,7 +11,13 @@ POLL_S. When that number falls (a training job queued, or placed), the newest sl
 stopped and their chunks go back to the front of the queue: the engine keeps a record per
 scored item, so a chunk started again scores only what is left, and every item is scored
 exactly once. When no chunk is left the engine's summary is recorded (done), or the first
-failure's message (failed).
+failure's message (failed). Its progress (items done of all) is on its row and pushed to the
+job's page as it grows, and its results, once done, go to the job's sinks
+(monitor.sinks.evaluations).
+
+A job whose spec says `eval.on_checkpoint` has each of its disk checkpoints evaluated, with
+the spec's `eval` options, as its supervisor ingests the checkpoint's event: once per
+checkpoint (a unique constraint), however often the event is read.
 """
 
 from __future__ import annotations
@@ -26,20 +32,24 @@ from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from rest_framework import serializers
 
+from engine import contract
+from engine.runtime.spec import BOUNDS, EvalSpec
 from hosts.models import Host
 from jobs import confinement
 from jobs.launch import engine_spec
-from jobs.models import Evaluation, ExportState
+from jobs.models import Evaluation, ExportState, Job
 from jobs.placement import free_slots, queue, shape
-from monitor.models import Checkpoint
+from monitor.ingest import forward
+from monitor.models import Checkpoint, Event
+from monitor.sinks import evaluations as sinks
 from ringside.services import engine_env, python_module
 
 EVALUATION_TIMEOUT_S = 3600.0
 CHUNK_ITEMS = 8
-MAX_SLOTS = 4
+MAX_SLOTS = BOUNDS["eval.slots"]
 POLL_S = 0.2
 
 
@@ -51,8 +61,9 @@ class EvaluateBody(serializers.Serializer):
     tasks = serializers.CharField(required=False, allow_blank=True, default="", help_text=(
         "a JSONL task file under your data roots (a relative path is in your uploads): "
         "continuations, multiple-choice items, prompts to generate from (engine.evaluate)"))
-    heldout_windows = serializers.IntegerField(required=False, default=32, min_value=0,
-                                               max_value=4096,
+    heldout_windows = serializers.IntegerField(required=False, default=EvalSpec.heldout_windows,
+                                               min_value=0,
+                                               max_value=BOUNDS["eval.heldout_windows"],
                                                help_text="held-out windows scored per source")
     slots = serializers.IntegerField(required=False, default=1, min_value=1,
                                      max_value=MAX_SLOTS, help_text=(
@@ -72,17 +83,35 @@ class EvaluateBody(serializers.Serializer):
 
 
 def start(checkpoint: Checkpoint, tasks: str = "", heldout_windows: int = 32,
-          slots: int = 1) -> Evaluation:
+          slots: int = 1, automatic: bool = False) -> Evaluation:
     """Queue a new evaluation of `checkpoint` with the task file `tasks` (a path already
-    confined to the owner's data roots; empty: held-out loss only)."""
+    confined to the owner's data roots; empty: held-out loss only). IntegrityError if
+    `automatic` and the checkpoint has its automatic one already."""
     with transaction.atomic():
         evaluation = Evaluation.objects.create(checkpoint=checkpoint, tasks=tasks,
-                                               heldout_windows=heldout_windows, slots=slots)
+                                               heldout_windows=heldout_windows, slots=slots,
+                                               automatic=automatic)
         evaluation.out_dir = str(settings.RUNS_DIR / str(checkpoint.job_id) / "evaluations"
                                  / str(evaluation.pk))
         evaluation.save(update_fields=["out_dir"])
         transaction.on_commit(lambda: evaluate_checkpoint.delay(evaluation.pk))
     return evaluation
+
+
+def on_checkpoint(job: Job, event: contract.CheckpointEvent) -> Evaluation | None:
+    """The automatic evaluation of the checkpoint of `event`, queued if the job's spec asks
+    for it (`eval.on_checkpoint`, a disk checkpoint) and not queued before; else None."""
+    options = job.spec.get("eval", {})
+    if event.tier != contract.CheckpointTier.DISK or not options.get("on_checkpoint"):
+        return None
+    checkpoint = Checkpoint.objects.filter(job=job, seq=event.seq).first()
+    if checkpoint is None:
+        return None
+    try:
+        return start(checkpoint, options["tasks"], options["heldout_windows"], options["slots"],
+                     automatic=True)
+    except IntegrityError:  # its event was read again (a redelivery, a second ingest)
+        return None
 
 
 def command(evaluation: Evaluation) -> list[str]:
@@ -161,6 +190,7 @@ def run_slots(evaluation: Evaluation, free: Callable[[], int]) -> dict:
                 if slot.process.returncode != 0:
                     raise EvaluationFailed(_last_line(slot.log.read_text(),
                                                       slot.process.returncode))
+            progress(evaluation, _items_done(out_dir), total)
             time.sleep(POLL_S)
     finally:
         for slot in running:
@@ -169,11 +199,39 @@ def run_slots(evaluation: Evaluation, free: Callable[[], int]) -> dict:
     return _summary(engine)
 
 
+def _items_done(out_dir: Path) -> int:
+    # the engine's per-item records: one line each, written whole (engine.evaluate)
+    return sum(p.read_bytes().count(b"\n") for p in out_dir.glob("items-*.jsonl"))
+
+
+def progress(evaluation: Evaluation, done: int, total: int) -> None:
+    """Record `done` of `total` items on the evaluation's row and push it, if it moved."""
+    if (evaluation.items_done, evaluation.items_total) == (done, total):
+        return
+    evaluation.items_done, evaluation.items_total = done, total
+    Evaluation.objects.filter(pk=evaluation.pk).update(items_done=done, items_total=total)
+    push(evaluation)
+
+
+def push(evaluation: Evaluation) -> None:
+    """The evaluation's state and progress to its job's page (an `evaluation` message on the
+    job's socket; `seq`, as every message there: the newest event the page may hold)."""
+    job_id = evaluation.checkpoint.job_id
+    seq = (Event.objects.filter(job_id=job_id).order_by("-seq")
+           .values_list("seq", flat=True).first() or 0)
+    forward(job_id, [{"type": "evaluation", "seq": seq, "evaluation": {
+        "id": evaluation.pk, "checkpoint": evaluation.checkpoint_id,
+        "step": evaluation.checkpoint.step, "state": evaluation.state,
+        "items_done": evaluation.items_done, "items_total": evaluation.items_total,
+        "progress": evaluation.progress}}])
+
+
 @shared_task(name="jobs.evaluations.evaluate_checkpoint")
 def evaluate_checkpoint(evaluation_id: int) -> str:
     """Run evaluation `evaluation_id` to its end; returns its state."""
     evaluation = Evaluation.objects.select_related("checkpoint__job").get(pk=evaluation_id)
     evaluation.record(ExportState.RUNNING)
+    push(evaluation)
     Path(evaluation.out_dir).mkdir(parents=True, exist_ok=True)
     try:
         results = run_slots(evaluation, training_free_slots)
@@ -181,4 +239,6 @@ def evaluate_checkpoint(evaluation_id: int) -> str:
         evaluation.record(ExportState.FAILED, error=str(e))
     else:
         evaluation.record(ExportState.DONE, results=results)
+        sinks.publish(evaluation)
+    push(evaluation)
     return evaluation.state

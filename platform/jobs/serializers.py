@@ -209,11 +209,14 @@ class ExportSerializer(serializers.ModelSerializer):
 class EvaluationSerializer(serializers.ModelSerializer):
     checkpoint = serializers.PrimaryKeyRelatedField(read_only=True)
     step = serializers.IntegerField(source="checkpoint.step", read_only=True)
+    progress = serializers.FloatField(read_only=True, allow_null=True, help_text=(
+        "items_done of items_total, 0 to 1; null until it started (also pushed on the job's "
+        "socket as `evaluation` messages while it runs)"))
 
     class Meta:
         model = Evaluation
         fields = ["id", "checkpoint", "step", "state", "tasks", "heldout_windows", "slots",
-                  "out_dir",
+                  "out_dir", "automatic", "progress",
                   "items_done", "items_total", "results", "error", "created_at", "updated_at"]
         read_only_fields = fields
 

@@ -33,7 +33,7 @@ from django.utils import timezone
 from engine import contract
 from engine.contract import TIME_LIMIT_COMMAND, ExitCode, JobState, PauseMode
 from engine.runtime.events import BUS_RETRY_S, BusOutage
-from jobs import backends, commands, policy, proposals
+from jobs import backends, commands, evaluations, policy, proposals
 from jobs.backends import Launched
 from jobs.dispatch import send_schedule
 from jobs.launch import scrub_paths, stderr_tail
@@ -218,6 +218,7 @@ class Supervisor:
                 policy.auto_pause(self.job, event)
         elif isinstance(event, contract.CheckpointEvent):
             policy.storage_pause(self.job)
+            evaluations.on_checkpoint(self.job, event)
             if event.tier == contract.CheckpointTier.DISK and self.job.state == State.RUNNING:
                 self.regroup_at_checkpoint()
         elif isinstance(event, contract.ProposalEvent):

@@ -28,6 +28,7 @@ from engine.contract import (
     Command,
     CommandKind,
     ContractError,
+    EvaluationEvent,
     ExpertsEvent,
     Header,
     JobState,
@@ -44,7 +45,7 @@ from engine.contract import (
 )
 
 # event types added after DESIGN.md was written; the README lists them
-BEYOND_DESIGN = ("membership", "proposal", "bad_batch")
+BEYOND_DESIGN = ("membership", "proposal", "bad_batch", "evaluation")
 DESIGN = Path(__file__).resolve().parents[3] / "shared" / "DESIGN.md"
 
 # one event of every type, as the engine emits it
@@ -74,6 +75,9 @@ SAMPLES = [
                   windows=[5120, 77], evidence={"loss": [3.1, 8.6], "rerun_loss": [3.1, 8.6]}),
     ProposalEvent(step=9, id="p-9-1", status="pending", action="rollback", anomaly="loss_spike",
                   deadline=1.7e9, default="proposed", hold=True, evidence={"z": 7.1}),
+    EvaluationEvent(step=10, evaluation=3, checkpoint="/runs/1/checkpoints/step-000010",
+                    heldout={"web": {"loss": 2.1, "perplexity": 8.17, "windows": 32}},
+                    tasks={"letters": {"kind": "choice", "items": 4, "accuracy": 0.75}}),
 ]
 
 

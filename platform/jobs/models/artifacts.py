@@ -60,14 +60,24 @@ class Evaluation(models.Model):
                                help_text="engine.evaluate's summary: heldout {source: {loss, "
                                          "perplexity}}, tasks {name: scores}, generations")
     error = models.TextField(blank=True)
+    automatic = models.BooleanField(default=False,
+                                    help_text="queued by the job's eval.on_checkpoint")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["checkpoint", "pk"]
+        constraints = [models.UniqueConstraint(  # however often its event is ingested
+            fields=["checkpoint"], condition=models.Q(automatic=True),
+            name="one_automatic_evaluation_per_checkpoint")]
 
     def __str__(self) -> str:
         return f"evaluation {self.pk} of checkpoint {self.checkpoint_id} ({self.state})"
+
+    @property
+    def progress(self) -> float | None:
+        """The share of its items scored, 0 to 1; None until it started."""
+        return self.items_done / self.items_total if self.items_total else None
 
     def record(self, state: str, *, error: str = "", results: dict | None = None) -> None:
         self.state, self.error = state, error

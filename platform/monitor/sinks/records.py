@@ -2,14 +2,19 @@
 
 Every number of a step event is a series under the name the platform charts it by
 (monitor.ingest.step_metrics: `loss`, `tokens_per_s`, `lr`, `grad_norm`, `source_loss.web`,
-`eval_loss`, `eval_source_loss.web`, ...). Anomalies, actions and state changes are notes (text
-at a step); a checkpoint is a link to its folder. An event the contract does not take is left
-out, as is a non-finite number (the anomaly that reports it is a note).
+`eval_loss`, `eval_source_loss.web`, ...); a checkpoint's evaluation is series at its step
+under `eval/` (`eval/heldout/web/loss`, `eval/heldout/web/perplexity`,
+`eval/tasks/letters/accuracy`: every number of its task scores). Anomalies, actions and
+state changes are notes (text at a step); a checkpoint is a link to its folder. An event
+the contract does not take is left out, as is a non-finite number (the anomaly that reports
+it is a note).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +23,9 @@ from monitor.ingest import step_metrics
 from monitor.models import json_text
 
 log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+NAME_PART_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ Record = Scalars | Note | CheckpointLink
 # the event types a tracker is told about
 TOLD = frozenset(cls.type for cls in (contract.StepEvent, contract.AnomalyEvent,
                                       contract.ActionEvent, contract.StateEvent,
-                                      contract.CheckpointEvent))
+                                      contract.CheckpointEvent, contract.EvaluationEvent))
 
 
 def records(events: list[dict[str, Any]]) -> list[Record]:
@@ -83,4 +91,24 @@ def _record(event: dict[str, Any], e: contract.Event) -> Record | None:
         return Note(e.step, e.time, "state", e.state)
     if isinstance(e, contract.CheckpointEvent):
         return CheckpointLink(e.step, e.time, e.tier, e.path)
+    if isinstance(e, contract.EvaluationEvent):
+        return Scalars(e.step, e.time, evaluation_series(e))
     return None
+
+
+def evaluation_series(e: contract.EvaluationEvent) -> dict[str, float]:
+    """The numbers of an evaluation's results by series name; a non-number (a task's kind) and
+    a non-finite one are left out."""
+    found = {f"eval/heldout/{_part(source)}/{_part(name)}": value
+             for source, scores in e.heldout.items() for name, value in scores.items()}
+    found |= {f"eval/tasks/{_part(task)}/{_part(name)}": value
+              for task, scores in e.tasks.items() for name, value in scores.items()}
+    return {name: float(value) for name, value in found.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value)}
+
+
+def _part(name: str) -> str:
+    # a task's name is the user's: MLflow refuses a metric name of other characters, and
+    # a batch it refuses would hold the sink back for good
+    return _UNSAFE.sub("_", name)[:NAME_PART_CHARS] or "_"

@@ -1,11 +1,23 @@
-"""A job whose event stream holds what a short run publishes, read by its sinks."""
+"""A job whose event stream holds what a short run publishes, read by its sinks; a real MLflow
+tracking server (SQLite backend, on loopback), started once per module that asks for it."""
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import redis
+from mlflow.tracking import MlflowClient
 
+from engine.ports import free_port
 from engine.runtime.events import EventLog
 from jobs.models import Job
 from monitor.sinks.consumer import SinkConsumer
-from monitor.sinks.models import Sink
+from monitor.sinks.models import Sink, SinkKind
+from monitor.sinks.options import parse
+from ringside.services import stop_process_group, wait_for_port
 
 STEPS = range(1, 7)
 EVAL_STEPS = (3, 6)
@@ -44,3 +56,54 @@ def write_all(sink: Sink, client: redis.Redis) -> SinkConsumer:
     while consumer.poll(block_ms=None):
         pass
     return consumer
+
+
+class TrackingServer:
+    """`mlflow server` on a free port, that can be made to stop answering and come back
+    (SIGSTOP, SIGCONT: a restart of the server costs a minute on a busy test machine)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.port = folder, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        mlflow = Path(sys.executable).parent / "mlflow"
+        self.proc = subprocess.Popen(
+            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
+             "--default-artifact-root", str(self.folder / "artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # no job runner processes beside it: the tests need the tracking API only
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        wait_for_port(self.port, 120, self.proc)
+
+    def freeze(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.thaw()
+        stop_process_group(self.proc, grace_s=5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tracking = TrackingServer(tmp_path_factory.mktemp("mlflow"))
+    tracking.start()
+    yield tracking
+    tracking.stop()
+
+
+@pytest.fixture
+def mlflow_sink(job, server, settings):
+    settings.RINGSIDE_MLFLOW_TRACKING_URI = server.url  # the operator's: loopback is fine
+    return Sink.objects.create(job=job, kind=SinkKind.MLFLOW,
+                               config=parse([{"kind": "mlflow", "experiment": "sinks"}])[0])
+
+
+def history(server, run_id: str, name: str) -> list[tuple[int, float]]:
+    metrics = MlflowClient(tracking_uri=server.url).get_metric_history(run_id, name)
+    return sorted((m.step, m.value) for m in metrics)

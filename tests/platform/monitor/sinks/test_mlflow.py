@@ -1,76 +1,17 @@
 """The MLflow sink against a real tracking server (SQLite backend, on loopback), started once
 for the module."""
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
-from engine.ports import free_port
 from monitor.ingest import GROUP, StreamIngest
 from monitor.sinks.consumer import SinkConsumer, group_of
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.options import SinkError, parse
 from ringside.addresses import Refused
-from ringside.services import stop_process_group, wait_for_port
-from tests.platform.monitor.sinks.conftest import SERIES, STEPS, publish_run, write_all
+from tests.platform.monitor.sinks.conftest import SERIES, STEPS, history, publish_run, write_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class TrackingServer:
-    """`mlflow server` on a free port, that can be made to stop answering and come back
-    (SIGSTOP, SIGCONT: a restart of the server costs a minute on a busy test machine)."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.port = folder, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        mlflow = Path(sys.executable).parent / "mlflow"
-        self.proc = subprocess.Popen(
-            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
-             "--default-artifact-root", str(self.folder / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            # no job runner processes beside it: the tests need the tracking API only
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-        wait_for_port(self.port, 120, self.proc)
-
-    def freeze(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        self.thaw()
-        stop_process_group(self.proc, grace_s=5)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tracking = TrackingServer(tmp_path_factory.mktemp("mlflow"))
-    tracking.start()
-    yield tracking
-    tracking.stop()
-
-
-@pytest.fixture
-def mlflow_sink(job, server, settings):
-    settings.RINGSIDE_MLFLOW_TRACKING_URI = server.url  # the operator's: loopback is fine
-    return Sink.objects.create(job=job, kind=SinkKind.MLFLOW,
-                               config=parse([{"kind": "mlflow", "experiment": "sinks"}])[0])
-
-
-def history(server, run_id: str, name: str) -> list[tuple[int, float]]:
-    metrics = MlflowClient(tracking_uri=server.url).get_metric_history(run_id, name)
-    return sorted((m.step, m.value) for m in metrics)
 
 
 def test_a_job_is_one_run_with_its_spec_as_params_its_series_and_checkpoint_links(
