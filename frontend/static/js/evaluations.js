@@ -1,13 +1,13 @@
 // The job page's evaluations: an Evaluate button per disk checkpoint (held-out loss and
 // perplexity per source; a task file goes through the API or `ringside checkpoints evaluate`),
 // a table of every evaluation of the job's checkpoints, and each source's held-out loss
-// against the checkpoint's step. Only an evaluation under way is followed, once a second.
+// against the checkpoint's step. An evaluation's progress and state are pushed over the job's
+// socket (`pushed`); its results are read once it has ended.
 import { api } from "./api.js";
 import { CONFIG } from "./chartkit.js";
 import { el, errorText } from "./format.js";
 
 const UNDER_WAY = new Set(["pending", "running"]);
-const FOLLOW_MS = 1000;
 
 const fixed = (x, digits = 3) => (typeof x === "number" ? x.toFixed(digits) : "–");
 
@@ -47,7 +47,6 @@ export class Evaluations {
     if (!this.byCheckpoint.has(checkpoint.id)) this.byCheckpoint.set(checkpoint.id, []);
     this.byCheckpoint.get(checkpoint.id).push(record);
     this.render();
-    if (ok) setTimeout(() => this.follow(checkpoint), FOLLOW_MS);
   }
 
   async follow(checkpoint) {
@@ -56,7 +55,17 @@ export class Evaluations {
     const refused = (this.byCheckpoint.get(checkpoint.id) ?? []).filter((e) => e.state === "refused");
     this.byCheckpoint.set(checkpoint.id, [...data.results, ...refused]);
     this.render();
-    if (data.results.some((e) => UNDER_WAY.has(e.state))) setTimeout(() => this.follow(checkpoint), FOLLOW_MS);
+  }
+
+  // an `evaluation` message: its state and items scored; the results once it has ended
+  pushed(evaluation) {
+    const listed = this.byCheckpoint.get(evaluation.checkpoint) ?? [];
+    const known = listed.find((e) => e.id === evaluation.id);
+    if (known) Object.assign(known, evaluation);
+    else listed.push({ ...evaluation });
+    this.byCheckpoint.set(evaluation.checkpoint, listed);
+    this.render();
+    if (!UNDER_WAY.has(evaluation.state)) this.follow({ id: evaluation.checkpoint });
   }
 
   all() {

@@ -273,6 +273,7 @@ function onMessage(message) {
     case "command": controls.applyCommands([message.command]); break;
     case "checkpoints": onCheckpoints(message); break;
     case "settings": controls.showSettings(message); break;
+    case "evaluation": controls.evaluations.pushed(message.evaluation); break;
     case "anomaly": case "action": case "checkpoint": case "membership": case "bad_batch":
       onMark(message.type, message);
       break;
