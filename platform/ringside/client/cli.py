@@ -326,10 +326,15 @@ def evaluate(ctx: typer.Context, job_id: JobId,
     s = session(ctx)
     with s.client() as client:
         record = client.evaluate_checkpoint(job_id, checkpoint_id, tasks, heldout_windows)
+        shown = None
         while wait and record["state"] in ("pending", "running"):
             time.sleep(EXPORT_POLL_S)
             record = next(e for e in client.evaluations(job_id, checkpoint_id)
                           if e["id"] == record["id"])
+            progress = (record["state"], record.get("items_done"), record.get("items_total"))
+            if progress != shown and record.get("items_total"):  # on stderr: stdout is the record
+                typer.echo(f"{record['state']}: {progress[1]}/{progress[2]} items scored", err=True)
+            shown = progress
         s.show(record, render.fields)
     if record["state"] == "failed":
         raise typer.Exit(1)
