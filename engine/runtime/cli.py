@@ -108,6 +108,8 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
                          f"of the hosts ({high}): each host runs whole nodes")
     if high > 1 and not args.rdzv_endpoint:
         raise ValueError("--rdzv-endpoint: a job on several hosts needs one, on the lead host")
+    if high > 1 and args.local_addr:  # gloo binds where the other hosts reach this one
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(args.local_addr))
     return Rendezvous(min_nodes=low, max_nodes=high, endpoint=args.rdzv_endpoint or "",
                       run_id=args.rdzv_id or args.job or spec.name, local_addr=args.local_addr,
                       configs=args.rdzv_conf)

@@ -26,10 +26,8 @@ from rest_framework import status
 from rest_framework.exceptions import APIException
 
 from datasets import mix
-from engine.horing.topology import Topology
-from engine.moe.config import PRESETS, MoEConfig
-from engine.paro.planner import DEFAULT_LINKS, plan, ranks_per_device
-from engine.runtime.spec import JobSpec, parse_spec
+from engine.paro.planner import DEFAULT_LINKS, Topology, plan, ranks_per_device
+from engine.runtime.spec import PRESETS, JobSpec, MoEConfig, parse_spec
 from hosts.models import Host
 from jobs.models import TERMINAL, Job, Quota, State
 

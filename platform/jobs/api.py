@@ -32,8 +32,7 @@ from rest_framework.views import APIView
 from datasets.mix import record_use
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
-from engine.runtime.settings import launched_values
-from engine.runtime.spec import SpecError, parse_spec
+from engine.runtime.spec import SpecError, launched_values, parse_spec
 from jobs import (
     admission,
     calibration,
@@ -354,7 +353,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=OpenApiTypes.OBJECT, responses=STEERED,
                    parameters=[idempotency.PARAMETER],
                    description="Change live settings at the next step boundary: a flat object of "
-                   "dotted spec keys (engine.runtime.settings.SETTABLE). A bad key or value "
+                   "dotted spec keys (engine.runtime.spec.SETTABLE). A bad key or value "
                    "answers 400 naming it, and nothing is sent.",
                    examples=[OpenApiExample("lr", value={"train.lr": 0.001,
                                                          "checkpoint.every": 20})])

@@ -29,10 +29,11 @@ from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
 
-from engine.horing.cost import Links, Tier
-from engine.horing.topology import Topology
 from engine.paro.planner import (
+    Links,
     PlanRow,
+    Tier,
+    Topology,
     compute_time_s,
     effective_flops_per_s,
     merge_equivalent,

@@ -24,8 +24,7 @@ from rest_framework import serializers
 
 from datasets import mix
 from engine.contract import CheckpointTier, is_url
-from engine.errors import SpecError
-from engine.runtime.confine import OUTSIDE, expand, glob_base, is_under
+from engine.runtime.spec import OUTSIDE, SpecError, expand, glob_base, is_under
 from jobs.models import Job
 from jobs.permissions import visible_jobs
 from jobs.serializers import job_checkpoint

@@ -9,7 +9,6 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from engine.anomaly.policy import LADDER_ACTIONS
 from engine.contract import (
     COLLECTIVES,
     STRATEGIES,
@@ -21,15 +20,16 @@ from engine.contract import (
     ProposalStatus,
     ShareMode,
 )
-from engine.moe.config import PRESETS
-from engine.runtime.settings import validate_settings
 from engine.runtime.spec import (
+    LADDER_ACTIONS,
+    PRESETS,
     ParallelSpec,
     SpecError,
     TrainSpec,
     parse_spec,
     resharded,
     share_errors,
+    validate_settings,
 )
 from jobs.models import (
     ApiToken,
@@ -347,7 +347,7 @@ class RebalanceBody(CommandBody):
 class SetBody(CommandBody):
     """Live settings as a flat object of dotted spec keys, e.g. `{"train.lr": 0.001,
     "checkpoint.every": 20}`, checked by the engine's own validator
-    (engine.runtime.settings)."""
+    (engine.runtime.spec.validate_settings)."""
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         return dict(data)  # the keys are dotted paths, not fields of this serializer

@@ -2,13 +2,16 @@
 the argument and end with the usage exit code before anything runs."""
 
 import json
+import os
 import socket
 
 import pytest
 
 from engine.contract import ExitCode
-from engine.runtime.cli import build_parser, main
+from engine.ports import interface_of
+from engine.runtime.cli import build_parser, main, rendezvous
 from engine.runtime.launch import Rendezvous, is_this_host
+from engine.runtime.spec import parse_spec
 
 
 def spec_file(tmp_path, nodes: int = 2, procs_per_node: int = 2) -> str:
@@ -74,3 +77,17 @@ def test_the_lead_is_the_launcher_on_the_endpoints_host():
     assert Rendezvous(max_nodes=2, endpoint="[::1]:29500").host == "::1"
     # a job on one host is led by its only launcher, wherever its endpoint is
     assert Rendezvous(max_nodes=1, endpoint="192.0.2.1:29500").is_lead()
+
+
+def test_a_launcher_on_several_hosts_binds_gloo_where_the_others_reach_it(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    argv = [spec_file(tmp_path), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"]
+    spec = parse_spec(json.loads((tmp_path / "spec.json").read_text()))
+    rendezvous(build_parser().parse_args(argv), spec)  # no --local-addr: gloo's own choice
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    rendezvous(build_parser().parse_args([*argv, "--local-addr", "127.0.0.1"]), spec)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == interface_of("127.0.0.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nic0")  # the operator's own choice stands
+    rendezvous(build_parser().parse_args([*argv, "--local-addr", "127.0.0.1"]), spec)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "nic0"

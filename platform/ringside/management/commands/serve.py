@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from engine.ports import free_port
+from engine.contract import free_port
 from ringside.services import (
     REPO_ROOT,
     add_web_address_arguments,
