@@ -19,7 +19,7 @@ import psutil
 
 from bench import cluster
 from bench.cluster import HostsSpec
-from ringside.services import REPO_ROOT
+from common.services import REPO_ROOT
 
 SUBNETS = range(214, 254)  # the first one no interface of this machine uses
 

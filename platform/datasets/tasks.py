@@ -23,11 +23,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from common.services import engine_env, python_module
 from datasets.models import Dataset, DatasetState, prepared_folder
 from engine.runtime.spec import scrub_paths
 from jobs.confinement import data_roots, uploads_dir
 from jobs.launch import die_with_parent
-from ringside.services import engine_env, python_module
 
 PREPARE = "datasets.tasks.prepare_dataset"
 PROGRESS_EVERY_S = 0.5

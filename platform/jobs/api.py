@@ -29,7 +29,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from datasets.mix import record_use
+from common.parsers import BoundedJSONParser
+from common.text import text_errors
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from engine.paro.planner import DEFAULT_LINKS
 from engine.runtime.spec import SpecError, launched_values, parse_spec
@@ -55,6 +56,7 @@ from jobs.errors import (
 )
 from jobs.idempotency import idempotent
 from jobs.login import LoginAccountThrottle, LoginAddressThrottle
+from jobs.mixtures import mixtures
 from jobs.models import (
     ApiToken,
     AuditEntry,
@@ -102,8 +104,6 @@ from monitor import goodput
 from monitor.api import GOODPUT, SERIES, GoodputCauseQuery, MetricsQuery, metrics_payload
 from monitor.models import Action, Anomaly, Checkpoint, Event
 from monitor.sinks import options as sink_options
-from ringside.parsers import BoundedJSONParser
-from ringside.text import text_errors
 
 
 class Conflict(APIException):
@@ -278,7 +278,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                      priority=priority, backend=backend[0],
                                      backend_options=backend[1])
             sink_options.attach(job, sinks)
-            record_use(job)
+            mixtures().record_use(job)
             audit(what, actor(request), request_cause(request), job=job, **details)
             dispatch(job)
         return job

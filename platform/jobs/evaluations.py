@@ -29,13 +29,13 @@ from django.conf import settings
 from django.db import transaction
 from rest_framework import serializers
 
+from common.services import engine_env, python_module
 from hosts.models import Host
 from jobs import confinement
 from jobs.launch import engine_spec
 from jobs.models import Evaluation, ExportState
 from jobs.placement import free_slots, queue, shape
 from monitor.models import Checkpoint
-from ringside.services import engine_env, python_module
 
 EVALUATION_TIMEOUT_S = 3600.0
 CHUNK_ITEMS = 8

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from django.conf import settings
 
+from common.services import engine_env
 from engine.runtime import spec as spec_rules
 from engine.runtime.spec import find_latest_good
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
-from ringside.services import engine_env
 
 STDERR_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1

@@ -9,6 +9,8 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from common.addresses import Refused, reachable
+from common.text import text_error
 from engine.contract import (
     COLLECTIVES,
     STRATEGIES,
@@ -45,8 +47,6 @@ from jobs.models import (
 )
 from monitor.models import Action, Anomaly, Checkpoint
 from monitor.sinks.api import SinkSerializer
-from ringside.addresses import Refused, reachable
-from ringside.text import text_error
 
 
 class JobEventSerializer(serializers.ModelSerializer):

@@ -9,11 +9,11 @@ import signal
 import pytest
 from django.conf import settings
 
+from common.services import PLATFORM_SECRETS
 from engine.runtime.confine import SERVER_PATH
 from jobs.confinement import uploads_dir
 from jobs.launch import kill_group, run_dir, scrub_paths, start_engine
 from jobs.models import Job
-from ringside.services import PLATFORM_SECRETS
 
 pytestmark = pytest.mark.django_db
 

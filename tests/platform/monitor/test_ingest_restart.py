@@ -10,11 +10,11 @@ import pytest
 import redis
 from django.db import connection
 
+from common.services import python_module
 from engine.runtime.events import EventLog, events_stream
 from jobs.models import Job
 from monitor.ingest import GROUP
 from monitor.models import Anomaly, Event, MetricPoint, OpsSample
-from ringside.services import python_module
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,10 +23,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
+from common.services import REPO_ROOT, stop_process_group
 from jobs.backends.slurm import look
 from jobs.models import Job, State
 from monitor.models import MetricPoint
-from ringside.services import REPO_ROOT, stop_process_group
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)

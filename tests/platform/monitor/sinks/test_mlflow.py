@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from common.addresses import Refused
+from common.services import stop_process_group, wait_for_port
 from engine.ports import free_port
 from monitor.ingest import GROUP, StreamIngest
 from monitor.sinks.consumer import SinkConsumer, group_of
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.options import SinkError, parse
-from ringside.addresses import Refused
-from ringside.services import stop_process_group, wait_for_port
 from tests.platform.monitor.sinks.conftest import SERIES, STEPS, publish_run, write_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
