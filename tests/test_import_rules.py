@@ -30,7 +30,7 @@ ENGINE_PUBLIC = {
 # every app may use and imports none. Between two apps the arrow points at the one built on:
 # monitoring watches jobs and hosts, jobs are placed on hosts, datasets are mixed into jobs.
 # Where the lower app needs the higher one it declares an interface the higher one provides
-# (jobs.mixtures, provided by datasets) or listens to a signal.
+# (jobs.mixtures, provided by datasets; jobs.telemetry, by monitor) or sends a signal.
 ALLOWED_APP_IMPORTS = {
     "common": set(),
     "hosts": {"common"},
@@ -40,8 +40,7 @@ ALLOWED_APP_IMPORTS = {
     "ringside": {"common", "datasets", "hosts", "jobs", "monitor"},
 }
 # Imports against the arrows that remain, each to be removed, never added to: jobs still reads
-# monitor's models (checkpoints, events, actions, op samples), its API helpers and sinks, and
-# starts its ingest. The checkpoint rows belong to jobs (a model move with its migrations); the
+# monitor's models (checkpoints, events, actions, op samples), its API helpers and sinks. The checkpoint rows belong to jobs (a model move with its migrations); the
 # job API's metrics, goodput and sink actions belong to monitor's API (jobs/api.py and
 # jobs/serializers.py are being restructured apart from this).
 PENDING_REVERSED = {
@@ -50,8 +49,7 @@ PENDING_REVERSED = {
     "jobs.confinement -> monitor.models", "jobs.evaluations -> monitor.models",
     "jobs.exports -> monitor.models", "jobs.policy -> monitor.models",
     "jobs.proposals -> monitor.models", "jobs.serializers -> monitor.models",
-    "jobs.serializers -> monitor.sinks.api", "jobs.supervisor -> monitor.ingest",
-    "jobs.supervisor -> monitor.sinks.consumer",
+    "jobs.serializers -> monitor.sinks.api",
 }
 
 

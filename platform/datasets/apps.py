@@ -7,6 +7,6 @@ class DatasetsConfig(AppConfig):
 
     def ready(self) -> None:
         from datasets import mix
-        from jobs.mixtures import provide
+        from jobs.mixtures import mixtures
 
-        provide(mix)
+        mixtures.provide(mix)

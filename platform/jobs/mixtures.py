@@ -1,10 +1,12 @@
 """What a job needs of the datasets its spec mixes (`train.data.mix` names registered datasets):
 the `datasets` app, which builds on this one, provides it when it is ready (datasets.apps), so
-jobs imports no module of datasets. A platform without that app refuses a mixture."""
+jobs imports no module of datasets."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
+
+from common.provided import Provided
 
 if TYPE_CHECKING:
     from engine.runtime.spec import JobSpec
@@ -27,15 +29,4 @@ class Mixtures(Protocol):
         """Mark `job`'s datasets as in use by it."""
 
 
-_provider: Mixtures | None = None
-
-
-def provide(mixtures: Mixtures) -> None:
-    global _provider
-    _provider = mixtures
-
-
-def mixtures() -> Mixtures:
-    if _provider is None:
-        raise RuntimeError("no app provides dataset mixtures (the datasets app is not ready)")
-    return _provider
+mixtures: Provided[Mixtures] = Provided("dataset mixtures (the datasets app)")
