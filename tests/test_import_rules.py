@@ -39,17 +39,15 @@ ALLOWED_APP_IMPORTS = {
     "monitor": {"common", "hosts", "jobs"},
     "ringside": {"common", "datasets", "hosts", "jobs", "monitor"},
 }
-# Imports against the arrows that remain, each to be removed, never added to: jobs still reads
-# monitor's models (checkpoints, events, actions, op samples), its API helpers and sinks. The checkpoint rows belong to jobs (a model move with its migrations); the
-# job API's metrics, goodput and sink actions belong to monitor's API (jobs/api.py and
-# jobs/serializers.py are being restructured apart from this).
+# Imports against the arrows that remain, each to be removed, never added to: jobs still finds
+# and shows checkpoint rows, which belong to jobs (a model move, with its migrations), and its
+# API shows monitor's metrics, goodput, anomalies and sinks, actions that belong to monitor's API
+# (jobs/api.py and jobs/serializers.py are being restructured apart from this).
 PENDING_REVERSED = {
     "jobs.api -> monitor.api", "jobs.api -> monitor.goodput", "jobs.api -> monitor.models",
-    "jobs.api -> monitor.sinks.options", "jobs.calibration -> monitor.models",
-    "jobs.confinement -> monitor.models", "jobs.evaluations -> monitor.models",
-    "jobs.exports -> monitor.models", "jobs.policy -> monitor.models",
-    "jobs.proposals -> monitor.models", "jobs.serializers -> monitor.models",
-    "jobs.serializers -> monitor.sinks.api",
+    "jobs.api -> monitor.sinks.options", "jobs.confinement -> monitor.models",
+    "jobs.evaluations -> monitor.models", "jobs.exports -> monitor.models",
+    "jobs.serializers -> monitor.models", "jobs.serializers -> monitor.sinks.api",
 }
 
 

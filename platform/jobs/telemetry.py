@@ -1,10 +1,12 @@
-"""What a job's supervisor runs of the monitoring of its launch: the job's ingest (bus →
-database → websockets), which it pumps and whose stored events it acts on, and the metric sinks
-that follow the stream beside it. The `monitor` app, which builds on this one, provides them
-when it is ready (monitor.apps, monitor.supervised), so jobs imports no module of monitor here."""
+"""What jobs needs of the monitoring of its runs: the job's ingest (bus → database →
+websockets), which a supervisor pumps and whose stored events it acts on; the metric sinks that
+follow the stream beside it; what the platform's fault policy, proposals and calibration read
+of what a run reported. The `monitor` app, which builds on this one, provides them when it is
+ready (monitor.apps, monitor.provided), so these modules of jobs import none of monitor."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.provided import Provided
@@ -33,5 +35,19 @@ class Telemetry(Protocol):
     def stop_sinks(self, runners: Any) -> None:
         """Tell the sinks `start_sinks` started that the engine exited."""
 
+    def policy_actions_since(self, job_id: int, since: float, passive: Collection[str]) -> int:
+        """The actions the engine's fault policy took in the job since `since` (a timestamp),
+        those named in `passive` aside."""
 
-telemetry: Provided[Telemetry] = Provided("a launch's ingest and sinks (the monitor app)")
+    def stored_checkpoint_bytes(self, owner_id: int) -> int:
+        """The bytes of the owner's checkpoints still stored (retention deletes old ones)."""
+
+    def events_data(self, job_id: int, event_type: str) -> list[dict[str, Any]]:
+        """What the job's stored events of `event_type` say, oldest first."""
+
+    def recent_ops(self, job_id: int, steps: int) -> list[dict[str, Any]]:
+        """What the job's `ops` events of its last `steps` steps say (its first step, a
+        warm-up, left out)."""
+
+
+telemetry: Provided[Telemetry] = Provided("the monitoring of runs (the monitor app)")

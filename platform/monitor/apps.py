@@ -8,6 +8,6 @@ class MonitorConfig(AppConfig):
     def ready(self) -> None:
         import monitor.signals  # noqa: F401  (connects the state-change push)
         from jobs.telemetry import telemetry
-        from monitor import supervised
+        from monitor import provided
 
-        telemetry.provide(supervised)
+        telemetry.provide(provided)

@@ -19,7 +19,7 @@ def test_what_is_asked_for_before_it_is_provided_is_named():
 
 def test_the_higher_apps_provide_the_lower_ones_interfaces_when_ready():
     from datasets import mix
-    from monitor import supervised
+    from monitor import provided
 
     assert mixtures() is mix
-    assert telemetry() is supervised
+    assert telemetry() is provided
