@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 # Re-exported (`X as X`) for the platform, which imports no other engine module but the spec's,
-# the bus's and the planner's (tests/test_imports.py): the free port a host's launchers meet
+# the bus's and the planner's (tests/test_import_rules.py): the free port a host's launchers meet
 # at (--rdzv-endpoint) and the platform's own services listen on; the Prometheus exposition's
 # content type and label sets, which the platform's goodput gauges share with the engine's.
 # Both are standard library only, as this module is.

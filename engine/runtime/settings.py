@@ -2,8 +2,9 @@
 spec validates it, applied at a step boundary on every rank, and kept in the train state.
 
 A change is a flat object of dotted spec keys, `{"train.lr": 1e-3, "checkpoint.every": 20}`.
-`validate_settings` checks every key and value (the platform calls it before a command is
-stored; it imports no torch) and raises SpecError naming each bad field. `LiveSettings` holds
+`validate_settings` (engine.runtime.spec, beside the rules it applies) checks every key and
+value (the platform calls it before a command is stored) and raises SpecError naming each bad
+field. `LiveSettings` holds
 the run's effective values: the spec's, with the changes over them. The loop reads the train
 fields from the spec object it shares with this component; the parts that copied a value at
 construction (the optimizer's weight decay, the checkpointer's schedule, the fault policy) are

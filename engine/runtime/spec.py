@@ -15,9 +15,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-# The platform reads the engine's spec rules here only (tests/test_imports.py), so this module
-# re-exports (`X as X`) what a spec is built from (presets, fault kinds, the policy's ladders),
-# the errors it raises, which paths its data may name, and what its checkpoint folder holds
+# The platform reads the engine's spec rules here only (tests/test_import_rules.py), so this
+# module re-exports (`X as X`) what a spec is built from (presets, fault kinds, the policy's
+# ladders), the errors it raises, which paths its data may name, what its checkpoint folder holds
 from engine.anomaly.inject import FAULT_KINDS as FAULT_KINDS
 from engine.anomaly.inject import FaultInjection
 from engine.anomaly.policy import BOUNDS as POLICY_BOUNDS
