@@ -33,7 +33,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from bench.platform_env import Platform
-from ringside.services import python_module, web_processes
+from common.services import python_module, web_processes
 
 TARGET_P99_MS = 50.0
 PAGE = 20

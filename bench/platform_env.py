@@ -36,8 +36,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-s
 if str(REPO_ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "platform"))
 
-from engine.ports import free_port  # noqa: E402
-from ringside.services import (  # noqa: E402 (the platform's packages are on the path now)
+from common.services import (  # noqa: E402 (the platform's packages are on the path now)
     child_env,
     redis_server_command,
     stop_process_group,
@@ -45,6 +44,7 @@ from ringside.services import (  # noqa: E402 (the platform's packages are on th
     web_processes,
     web_server_command,
 )
+from engine.ports import free_port  # noqa: E402
 
 PASSWORD = "bench-password-1"
 

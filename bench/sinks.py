@@ -112,7 +112,7 @@ class SinkThreads:
 
 
 def start_mlflow(folder: Path) -> tuple[subprocess.Popen, str]:
-    from ringside.services import wait_for_port
+    from common.services import wait_for_port
 
     port = free_port()
     proc = subprocess.Popen(
@@ -202,7 +202,7 @@ def main() -> None:
     os.environ.setdefault("RUNS_DIR", tempfile.mkdtemp(prefix="ringside-bench-runs-"))
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
     from bench.platform_env import Platform
-    from ringside.services import stop_process_group
+    from common.services import stop_process_group
 
     with Platform() as platform:
         mlflow, tracking_uri = start_mlflow(platform.tmp)

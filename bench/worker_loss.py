@@ -37,13 +37,13 @@ from typing import Any
 import psutil
 
 from bench.platform_env import REPO_ROOT  # also puts the platform's packages on the path
-from engine.ports import free_port
-from ringside.services import (
+from common.services import (
     child_env,
     python_module,
     redis_server_command,
     wait_for_port,
 )
+from engine.ports import free_port
 
 TARGET_S = 60.0
 REAPER_SETTINGS = ("JOB_HEARTBEAT_S", "JOB_HEARTBEAT_TIMEOUT_S", "JOB_REAPER_INTERVAL_S")

@@ -28,6 +28,15 @@ from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
+# Re-exported (`X as X`) for the platform, which imports no other engine module but the spec's,
+# the bus's and the planner's (tests/test_import_rules.py): the free port a host's launchers meet
+# at (--rdzv-endpoint) and the platform's own services listen on; the Prometheus exposition's
+# content type and label sets, which the platform's goodput gauges share with the engine's.
+# Both are standard library only, as this module is.
+from engine.ports import free_port as free_port
+from engine.xputimer.prometheus import CONTENT_TYPE as CONTENT_TYPE
+from engine.xputimer.prometheus import labels as labels
+
 # -- names ---------------------------------------------------------------------------------
 
 # PaRO strategies (paro-horing.md): where parameters, gradients and optimizer states live

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import socket
 
-import psutil
-
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the OS's choice), for a server started next."""
@@ -19,6 +17,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def interface_of(address: str) -> str:
     """The network interface that holds `address` (the host's registered one): gloo binds the
     ranks there, where the other hosts reach them, rather than where the host name resolves."""
+    import psutil  # here, so that engine.contract, which re-exports free_port, stays stdlib-only
+
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.address == address for a in addresses):
             return name

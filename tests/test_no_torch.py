@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringside.services import child_env
+from common.services import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -29,8 +29,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.contract import COLLECTIVES, STRATEGIES
-from engine.horing.cost import Links, Tier, predict
-from engine.horing.topology import Topology
+from engine.horing.cost import Links as Links  # re-exported: what the platform plans over
+from engine.horing.cost import Tier as Tier
+from engine.horing.cost import predict
+from engine.horing.topology import Topology as Topology
 from engine.moe.config import PRESETS, MoEConfig, flops_per_token, param_count, preset
 from engine.paro.strategy import Level, Strategy, parse_strategy
 

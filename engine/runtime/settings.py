@@ -2,8 +2,9 @@
 spec validates it, applied at a step boundary on every rank, and kept in the train state.
 
 A change is a flat object of dotted spec keys, `{"train.lr": 1e-3, "checkpoint.every": 20}`.
-`validate_settings` checks every key and value (the platform calls it before a command is
-stored; it imports no torch) and raises SpecError naming each bad field. `LiveSettings` holds
+`validate_settings` (engine.runtime.spec, beside the rules it applies) checks every key and
+value (the platform calls it before a command is stored) and raises SpecError naming each bad
+field. `LiveSettings` holds
 the run's effective values: the spec's, with the changes over them. The loop reads the train
 fields from the spec object it shares with this component; the parts that copied a value at
 construction (the optimizer's weight decay, the checkpointer's schedule, the fault policy) are
@@ -23,8 +24,8 @@ later ones; `carry_over` applies the log again after such a resume.
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,80 +33,14 @@ from typing import Any, Protocol
 
 from engine.anomaly.policy import FaultPolicy
 from engine.errors import SpecError
-from engine.runtime.spec import JobSpec, parse_spec
+from engine.runtime.spec import LR_FACTOR, MIX_WEIGHTS, JobSpec, launched_values, validate_settings
 
-LR_FACTOR = "train.lr_factor"
-MIX_WEIGHTS = "train.data.mix_weights"
-SPEC_KEYS = (
-    "train.lr", "train.warmup", "train.decay_end", "train.min_lr_ratio", "train.grad_clip",
-    "train.weight_decay", "train.eval_every", "checkpoint.every", "checkpoint.keep",
-    "checkpoint.memory_every", "faults.policy.thresholds", "faults.policy.actions",
-)
-SETTABLE = (*SPEC_KEYS, LR_FACTOR, MIX_WEIGHTS)
 SETTINGS_LOG = "live_settings.json"
-
-
-def validate_settings(changes: Any) -> dict[str, Any]:
-    """The changes as they are applied (ints where the spec has floats become floats);
-    SpecError naming every bad key, the spec's own message for a bad value."""
-    if not isinstance(changes, dict) or not changes:
-        raise SpecError({"": "give at least one setting, as {dotted key: value}"})
-    errors: dict[str, str] = {}
-    spec_data: dict[str, Any] = {"name": "settings"}
-    for key, value in changes.items():
-        if key == LR_FACTOR:
-            if not _positive(value):
-                errors[key] = "must be a positive number"
-        elif key == MIX_WEIGHTS:
-            if not isinstance(value, list) or not value or not all(map(_positive, value)):
-                errors[key] = "must be a list of positive numbers, one per source"
-        elif key in SPEC_KEYS:
-            section, *middle, name = key.split(".")
-            node = spec_data.setdefault(section, {})
-            for part in middle:
-                node = node.setdefault(part, {})
-            node[name] = value
-        else:
-            errors[key] = f"not a live setting; valid: {', '.join(SETTABLE)}"
-    try:
-        # no rule across fields involves a settable key, so the defaults stand in for the rest
-        parsed = parse_spec(spec_data)
-    except SpecError as e:
-        errors.update(e.errors)
-    if errors:
-        raise SpecError(errors)
-    return {key: _live_value(parsed, key, value) for key, value in changes.items()}
-
-
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) \
-        and math.isfinite(value) and value > 0
-
-
-def _live_value(parsed: JobSpec, key: str, value: Any) -> Any:
-    if key == LR_FACTOR:
-        return float(value)
-    if key == MIX_WEIGHTS:
-        return [float(w) for w in value]
-    return _get(parsed, key)
-
-
-def launched_values(spec: JobSpec) -> dict[str, Any]:
-    """Every live setting's value in `spec`, before any `set` (the lr factor is 1)."""
-    return {**{key: _get(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0,
-            MIX_WEIGHTS: [entry.weight for entry in spec.train.data.mix] or [1.0]}
-
-
-def _get(spec: JobSpec, key: str) -> Any:
-    node: Any = spec
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
 
 
 def _set(spec: JobSpec, key: str, value: Any) -> None:
     parent, name = key.rsplit(".", 1)
-    setattr(_get(spec, parent), name, value)
+    setattr(functools.reduce(getattr, parent.split("."), spec), name, value)
 
 
 class HasWeightDecay(Protocol):

@@ -8,22 +8,36 @@ accepts is a spec the engine runs. Errors are collected, not raised one at a tim
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from engine.anomaly.inject import FAULT_KINDS as FAULT_KINDS  # re-exported for the platform
+# The platform reads the engine's spec rules here only (tests/test_import_rules.py), so this
+# module re-exports (`X as X`) what a spec is built from (presets, fault kinds, the policy's
+# ladders), the errors it raises, which paths its data may name, what its checkpoint folder holds
+from engine.anomaly.inject import FAULT_KINDS as FAULT_KINDS
 from engine.anomaly.inject import FaultInjection
 from engine.anomaly.policy import BOUNDS as POLICY_BOUNDS
+from engine.anomaly.policy import DEFAULT_LADDERS as DEFAULT_LADDERS
+from engine.anomaly.policy import LADDER_ACTIONS as LADDER_ACTIONS
 from engine.anomaly.policy import FaultPolicy, policy_errors
+from engine.checkpoint.layout import find_latest_good as find_latest_good
+from engine.checkpoint.layout import present as present
 from engine.contract import COLLECTIVES, STRATEGIES
 from engine.data.needs import SourceSize as SourceSize  # re-exported for the platform
 from engine.data.needs import data_errors as data_errors
+from engine.errors import ConfigError as ConfigError
 from engine.errors import SpecError
 from engine.moe.config import BOUNDS as MODEL_BOUNDS
 from engine.moe.config import PRESETS, MoEConfig
+from engine.runtime.confine import OUTSIDE as OUTSIDE
+from engine.runtime.confine import expand as expand
+from engine.runtime.confine import glob_base as glob_base
+from engine.runtime.confine import is_under as is_under
+from engine.runtime.confine import scrub_paths as scrub_paths
 
 # Upper bounds of this module's numeric fields ("*": every item of a list), checked in
 # _check_semantics; they keep a run finite in steps, memory and disk. Model and policy fields
@@ -328,6 +342,70 @@ def layout_on_hosts(data: dict[str, Any], hosts: int) -> dict[str, Any]:
     laid = with_layout(spec.to_dict(), parallel, micro_batch, per_rank // micro_batch)
     parse_spec(laid)  # a bound the new layout passes (grad_accum, nodes) is named
     return laid
+
+
+# -- live settings: what a `set` command may change in a running job (engine.runtime.settings
+# applies the changes) --
+
+LR_FACTOR = "train.lr_factor"
+MIX_WEIGHTS = "train.data.mix_weights"
+SPEC_KEYS = (
+    "train.lr", "train.warmup", "train.decay_end", "train.min_lr_ratio", "train.grad_clip",
+    "train.weight_decay", "train.eval_every", "checkpoint.every", "checkpoint.keep",
+    "checkpoint.memory_every", "faults.policy.thresholds", "faults.policy.actions",
+)
+SETTABLE = (*SPEC_KEYS, LR_FACTOR, MIX_WEIGHTS)
+
+
+def validate_settings(changes: Any) -> dict[str, Any]:
+    """The changes as they are applied (ints where the spec has floats become floats);
+    SpecError naming every bad key, the spec's own message for a bad value."""
+    if not isinstance(changes, dict) or not changes:
+        raise SpecError({"": "give at least one setting, as {dotted key: value}"})
+    errors: dict[str, str] = {}
+    spec_data: dict[str, Any] = {"name": "settings"}
+    for key, value in changes.items():
+        if key == LR_FACTOR:
+            if not _positive(value):
+                errors[key] = "must be a positive number"
+        elif key == MIX_WEIGHTS:
+            if not isinstance(value, list) or not value or not all(map(_positive, value)):
+                errors[key] = "must be a list of positive numbers, one per source"
+        elif key in SPEC_KEYS:
+            section, *middle, name = key.split(".")
+            node = spec_data.setdefault(section, {})
+            for part in middle:
+                node = node.setdefault(part, {})
+            node[name] = value
+        else:
+            errors[key] = f"not a live setting; valid: {', '.join(SETTABLE)}"
+    try:
+        # no rule across fields involves a settable key, so the defaults stand in for the rest
+        parsed = parse_spec(spec_data)
+    except SpecError as e:
+        errors.update(e.errors)
+    if errors:
+        raise SpecError(errors)
+    return {key: _live_value(parsed, key, value) for key, value in changes.items()}
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) \
+        and math.isfinite(value) and value > 0
+
+
+def _live_value(parsed: JobSpec, key: str, value: Any) -> Any:
+    if key == LR_FACTOR:
+        return float(value)
+    if key == MIX_WEIGHTS:
+        return [float(w) for w in value]
+    return _field(parsed, key)
+
+
+def launched_values(spec: JobSpec) -> dict[str, Any]:
+    """Every live setting's value in `spec`, before any `set` (the lr factor is 1)."""
+    return {**{key: _field(spec, key) for key in SPEC_KEYS}, LR_FACTOR: 1.0,
+            MIX_WEIGHTS: [entry.weight for entry in spec.train.data.mix] or [1.0]}
 
 
 def _add_new(errors: dict[str, str], found: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from common.parsers import BoundedJSONParser
 from datasets import tasks
 from datasets.models import Dataset, DatasetState, visible_datasets
 from datasets.serializers import (
@@ -30,7 +31,6 @@ from engine.contract import is_url
 from jobs.errors import BAD_BODY, DETAIL, UNAUTHENTICATED
 from jobs.models import AuditEntry
 from jobs.permissions import request_cause
-from ringside.parsers import BoundedJSONParser
 
 ERRORS = {401: UNAUTHENTICATED,
           403: OpenApiResponse(DETAIL, description="not yours to change"),

@@ -8,9 +8,9 @@ from typing import Any
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from common.text import text_errors
 from datasets.models import Dataset
 from datasets.sources import KINDS, confined_sources, tokenizer_path
-from ringside.text import text_errors
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_SOURCES, MAX_PATHS = 16, 64

@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from engine.contract import is_url
-from engine.runtime.confine import OUTSIDE, is_under
+from engine.runtime.spec import OUTSIDE, is_under
 from jobs.confinement import data_roots, in_uploads, resolved, resolved_pattern
 
 KINDS = ("text", "jsonl", "parquet")

@@ -1,7 +1,7 @@
 """The prepare task: a dataset tokenised once, on a worker, into the platform's storage.
 
 `queue` moves the dataset to preparing and sends `prepare_dataset` once the transaction
-commits. The task runs the engine's prepare in a child process (datasets.prepare_child) that
+commits. The task runs the engine's prepare in a child process (engine.data.prepare_pipe) that
 dies with its worker, writes each progress report to the dataset's row (at most every
 PROGRESS_EVERY_S: the page and the API poll it) and ends it ready with the manifest, or failed
 with the message. A prepare that was killed (its worker lost) leaves its finished shards: queued
@@ -23,11 +23,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from common.services import engine_env, python_module
 from datasets.models import Dataset, DatasetState, prepared_folder
-from engine.runtime.confine import scrub_paths
+from engine.runtime.spec import scrub_paths
 from jobs.confinement import data_roots, uploads_dir
 from jobs.launch import die_with_parent
-from ringside.services import engine_env, python_module
 
 PREPARE = "datasets.tasks.prepare_dataset"
 PROGRESS_EVERY_S = 0.5
@@ -60,7 +60,7 @@ def prepare_dataset(dataset_id: int) -> str:
     if dataset is None or dataset.state != DatasetState.PREPARING:
         return dataset.state if dataset else "deleted"
     with tempfile.TemporaryFile("w+") as stderr:
-        child = subprocess.Popen(python_module("datasets.prepare_child"), env=engine_env(),
+        child = subprocess.Popen(python_module("engine.data.prepare_pipe"), env=engine_env(),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                  text=True, preexec_fn=die_with_parent)
         child.stdin.write(json.dumps(_order(dataset)))

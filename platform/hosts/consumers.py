@@ -13,11 +13,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from common.sockets import CLOSE_UNAUTHENTICATED, LayerErrors
 from hosts import status
 from hosts.api import HostSerializer
 from hosts.live import HOSTS_GROUP
 from hosts.models import Host
-from monitor.consumers import CLOSE_UNAUTHENTICATED, LayerErrors
 
 
 class HostsConsumer(LayerErrors, AsyncJsonWebsocketConsumer):

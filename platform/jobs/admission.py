@@ -25,12 +25,10 @@ from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
-from datasets import mix
-from engine.horing.topology import Topology
-from engine.moe.config import PRESETS, MoEConfig
-from engine.paro.planner import DEFAULT_LINKS, plan, ranks_per_device
-from engine.runtime.spec import JobSpec, parse_spec
+from engine.paro.planner import DEFAULT_LINKS, Topology, plan, ranks_per_device
+from engine.runtime.spec import PRESETS, JobSpec, MoEConfig, parse_spec
 from hosts.models import Host
+from jobs.mixtures import mixtures
 from jobs.models import TERMINAL, Job, Quota, State
 
 # the states a job counts against the jobs quota in: all but finished and (cold) paused ones,
@@ -74,7 +72,7 @@ def admit(user: Any, spec: dict, priority: int = 0) -> None:
     refusal = memory_refusal(parsed)
     if refusal is not None:
         errors.update(dict.fromkeys(size_fields(parsed), refusal))
-    errors.update(mix.spec_errors(parsed))
+    errors.update(mixtures().spec_errors(parsed))
     if errors:
         raise NotAdmitted(errors)
     limit = Quota.limits_of(user).jobs

@@ -31,7 +31,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from datasets.mix import record_use
+from common.parsers import BoundedJSONParser
 from engine.contract import COMMAND_RULES, CommandKind, ProposalStatus
 from jobs import (
     admission,
@@ -63,6 +63,7 @@ from jobs.errors import (
     UNAUTHENTICATED,
 )
 from jobs.idempotency import idempotent
+from jobs.mixtures import mixtures
 from jobs.models import Evaluation, Export, IllegalTransition, Job, State
 from jobs.permissions import audit, request_cause, visible_jobs
 from jobs.policy import PlatformPolicy
@@ -83,7 +84,6 @@ from jobs.serializers import (
 from jobs.telemetry_api import JobTelemetry
 from monitor.models import Anomaly, Checkpoint
 from monitor.sinks import options as sink_options
-from ringside.parsers import BoundedJSONParser
 
 
 class Conflict(APIException):
@@ -247,7 +247,7 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                                      priority=priority, backend=backend[0],
                                      backend_options=backend[1])
             sink_options.attach(job, sinks)
-            record_use(job)
+            mixtures().record_use(job)
             audit(request, what, job=job, **details)
             dispatch(job)
         return job
@@ -302,7 +302,7 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return self._steer(request, CommandKind.CHECKPOINT)
 
     @steering("Change live settings at the next step boundary: a flat object of dotted spec "
-              "keys (engine.runtime.settings.SETTABLE). A bad key or value answers 400 naming "
+              "keys (engine.runtime.spec.SETTABLE). A bad key or value answers 400 naming "
               "it, and nothing is sent.", request=OpenApiTypes.OBJECT,
               examples=[OpenApiExample("lr", value={"train.lr": 0.001, "checkpoint.every": 20})])
     @action(detail=True, methods=["post"], serializer_class=SetBody)

@@ -14,10 +14,16 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from engine.anomaly.policy import LADDER_ACTIONS
 from engine.contract import STRATEGIES, CheckpointTier, Choice, PauseMode, ShareMode
-from engine.runtime.settings import validate_settings
-from engine.runtime.spec import SpecError, parse_spec, reshard_layout, resharded, share_errors
+from engine.runtime.spec import (
+    LADDER_ACTIONS,
+    SpecError,
+    parse_spec,
+    reshard_layout,
+    resharded,
+    share_errors,
+    validate_settings,
+)
 from jobs.models import Job
 from monitor.models import Checkpoint
 

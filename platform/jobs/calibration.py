@@ -24,15 +24,17 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
 
-from engine.horing.cost import Links, Tier
-from engine.horing.topology import Topology
 from engine.paro.planner import (
+    Links,
     PlanRow,
+    Tier,
+    Topology,
     compute_time_s,
     effective_flops_per_s,
     merge_equivalent,
@@ -41,7 +43,7 @@ from engine.paro.planner import (
 )
 from engine.runtime.spec import JobSpec, parse_spec
 from jobs.models import Job, State
-from monitor.models import Event, OpsSample
+from jobs.telemetry import telemetry
 
 # steps of a measured job that price its device; its first step is warm-up, not kept
 MEASURED_STEPS = 20
@@ -134,7 +136,7 @@ def _measured_inter_link() -> tuple[int, Tier] | None:
     jobs = (Job.objects.filter(spec__parallel__hosts__gt=1).exclude(state=State.QUEUED)
             .order_by("-pk"))
     for job in jobs[:10]:
-        rates = [rate for e in _recent_ops(job) if (rate := _rail_bytes_per_s(e.data))]
+        rates = [rate for ops in _recent_ops(job) if (rate := _rail_bytes_per_s(ops))]
         if rates:
             return job.pk, Tier(latency_s=0.0, bandwidth=statistics.median(rates))
     return None
@@ -188,19 +190,17 @@ def _measured_rate(spec: JobSpec, device: str) -> tuple[int, float] | None:
 
 
 def _device(job: Job) -> str | None:
-    states = Event.objects.filter(job=job, type="state").order_by("-seq")
-    return next((e.data["device"] for e in states if e.data.get("device")), None)
+    states = reversed(telemetry().events_data(job.pk, "state"))  # the newest first
+    return next((s["device"] for s in states if s.get("device")), None)
 
 
 def _compute_s(job: Job) -> float | None:
     """The median over recent steps of the median rank's compute, seconds."""
-    steps = [statistics.median(r["compute_ms"] for r in e.data["ranks"])
-             for e in _recent_ops(job) if e.data.get("ranks")]
+    steps = [statistics.median(r["compute_ms"] for r in ops["ranks"])
+             for ops in _recent_ops(job) if ops.get("ranks")]
     return statistics.median(steps) / 1e3 if steps else None
 
 
-def _recent_ops(job: Job) -> list[Event]:
+def _recent_ops(job: Job) -> list[dict[str, Any]]:
     """The job's `ops` events of its last MEASURED_STEPS steps (its first, warm-up, left out)."""
-    seqs = OpsSample.objects.filter(job=job, step__gt=1).order_by("-step").values_list(
-        "seq", flat=True)[:MEASURED_STEPS]
-    return list(Event.objects.filter(job=job, seq__in=list(seqs)))
+    return telemetry().recent_ops(job.pk, MEASURED_STEPS)

@@ -22,11 +22,10 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import serializers
 
-from datasets import mix
 from engine.contract import CheckpointTier, is_url
-from engine.errors import SpecError
-from engine.runtime.confine import OUTSIDE, expand, glob_base, is_under
+from engine.runtime.spec import OUTSIDE, SpecError, expand, glob_base, is_under
 from jobs.bodies import job_checkpoint
+from jobs.mixtures import mixtures
 from jobs.models import Job
 from jobs.permissions import visible_jobs
 from monitor.models import Checkpoint
@@ -61,7 +60,7 @@ def confine(data: Any, user: AbstractBaseUser, errors: dict[str, str]) -> Any:
     dataset = train.get("dataset") if isinstance(train, dict) else None
     if isinstance(dataset, dict):
         _confine_dataset(dataset, user, errors)
-    mix.resolve(data, user, errors)
+    mixtures().resolve(data, user, errors)
     model = data.get("model")
     if isinstance(model, dict) and model.get("init_from"):
         model["init_from"] = _init_from(model["init_from"], user, errors)
@@ -169,4 +168,4 @@ def engine_roots(job: Job) -> list[str]:
     owner may still read them."""
     init_from = job.spec.get("model", {}).get("init_from", "")
     extra = [init_from] if init_from and readable_checkpoint(job.owner, init_from) else []
-    return [*data_roots(job.owner), *extra, *mix.folders(job)]
+    return [*data_roots(job.owner), *extra, *mixtures().folders(job)]

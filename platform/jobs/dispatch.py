@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 
+from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from jobs.models import Job, Reservation
-from ringside.celery import app
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def dispatch(job: Job) -> None:
 def send_schedule() -> None:
     """Ask a worker for a scheduling pass (placement runs in a worker, not in a web request)."""
     try:
-        app.send_task(SCHEDULE)
+        current_app.send_task(SCHEDULE)
     except OperationalError as e:
         log.warning("a scheduling pass could not be queued (%s); the reaper schedules", e)
 
@@ -52,7 +52,7 @@ def send_run_job(job: Job) -> bool:
     if lead is None:
         return False
     try:
-        app.send_task(RUN_JOB, args=[job.pk, job.incarnation], queue=lead.host.queue)
+        current_app.send_task(RUN_JOB, args=[job.pk, job.incarnation], queue=lead.host.queue)
     except OperationalError as e:
         log.warning("job %s: run_job could not be queued (%s); the reaper sends it again",
                     job.pk, e)
@@ -65,8 +65,9 @@ def send_run_part(job: Job, reservation: Reservation, endpoint: str) -> None:
     """Start one non-lead host's part of the job's incarnation (its engine launcher); a part
     that never starts is found by its peers (jobs.membership) and the job placed anew."""
     try:
-        app.send_task(RUN_PART, args=[job.pk, job.incarnation, reservation.node_rank, endpoint],
-                      queue=reservation.host.queue)
+        current_app.send_task(RUN_PART,
+                              args=[job.pk, job.incarnation, reservation.node_rank, endpoint],
+                              queue=reservation.host.queue)
     except OperationalError as e:
         log.warning("job %s: the part for host %s could not be queued (%s)", job.pk,
                     reservation.host.name, e)

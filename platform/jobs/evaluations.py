@@ -35,6 +35,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from rest_framework import serializers
 
+from common.services import engine_env, python_module
 from engine import contract
 from engine.runtime.spec import BOUNDS, EvalSpec
 from hosts.models import Host
@@ -42,10 +43,8 @@ from jobs import confinement
 from jobs.launch import engine_spec
 from jobs.models import Evaluation, ExportState, Job
 from jobs.placement import free_slots, queue, shape
-from monitor.ingest import forward
-from monitor.models import Checkpoint, Event
-from monitor.sinks import evaluations as sinks
-from ringside.services import engine_env, python_module
+from jobs.telemetry import telemetry
+from monitor.models import Checkpoint
 
 EVALUATION_TIMEOUT_S = 3600.0
 CHUNK_ITEMS = 8
@@ -217,13 +216,11 @@ def push(evaluation: Evaluation) -> None:
     """The evaluation's state and progress to its job's page (an `evaluation` message on the
     job's socket; `seq`, as every message there: the newest event the page may hold)."""
     job_id = evaluation.checkpoint.job_id
-    seq = (Event.objects.filter(job_id=job_id).order_by("-seq")
-           .values_list("seq", flat=True).first() or 0)
-    forward(job_id, [{"type": "evaluation", "seq": seq, "evaluation": {
+    telemetry().push(job_id, {"type": "evaluation", "evaluation": {
         "id": evaluation.pk, "checkpoint": evaluation.checkpoint_id,
         "step": evaluation.checkpoint.step, "state": evaluation.state,
         "items_done": evaluation.items_done, "items_total": evaluation.items_total,
-        "progress": evaluation.progress}}])
+        "progress": evaluation.progress}})
 
 
 @shared_task(name="jobs.evaluations.evaluate_checkpoint")
@@ -239,6 +236,6 @@ def evaluate_checkpoint(evaluation_id: int) -> str:
         evaluation.record(ExportState.FAILED, error=str(e))
     else:
         evaluation.record(ExportState.DONE, results=results)
-        sinks.publish(evaluation)
+        telemetry().publish_evaluation(evaluation)
     push(evaluation)
     return evaluation.state

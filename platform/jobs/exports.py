@@ -17,10 +17,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from common.services import engine_env, python_module
 from engine.contract import CheckpointTier
 from jobs.models import Export, ExportState, Job
 from monitor.models import Checkpoint
-from ringside.services import engine_env, python_module
 
 EXPORT_TIMEOUT_S = 3600.0
 

@@ -5,8 +5,7 @@ checkpoints a rollback abandoned."""
 from __future__ import annotations
 
 from engine.contract import CommandKind
-from engine.runtime.settings import launched_values
-from engine.runtime.spec import parse_spec
+from engine.runtime.spec import launched_values, parse_spec
 from jobs.models import Job
 from monitor.models import Action, Checkpoint
 

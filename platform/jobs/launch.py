@@ -22,12 +22,11 @@ from pathlib import Path
 
 from django.conf import settings
 
-from engine.checkpoint.layout import find_latest_good
-from engine.ports import interface_of
-from engine.runtime import confine
+from common.services import engine_env
+from engine.runtime import spec as spec_rules
+from engine.runtime.spec import find_latest_good
 from jobs.confinement import engine_roots, uploads_dir
 from jobs.models import Job
-from ringside.services import engine_env
 
 STDERR_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
@@ -128,9 +127,7 @@ def start_engine(job: Job, spec: dict, share: HostShare = HostShare()) -> Engine
     """Write the spec this incarnation runs and start this host's engine launcher on it."""
     spec_path = write_spec(job, spec, share)
     folder = spec_path.parent
-    env = engine_env()
-    if share.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
-        env["GLOO_SOCKET_IFNAME"] = interface_of(share.address)
+    env = engine_env()  # several hosts: the launcher binds gloo at --local-addr's interface
     if share.gpus and share.slots:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, share.slots))
     with (folder / share.suffix("stdout.log")).open("ab") as out, \
@@ -181,5 +178,5 @@ def stderr_tail(job: Job) -> str:
 
 def scrub_paths(text: str, job: Job) -> str:
     """`text` with every absolute path outside the job's own run folder and its owner's
-    uploads replaced by a placeholder (engine.runtime.confine.scrub_paths)."""
-    return confine.scrub_paths(text, [str(run_dir(job)), str(uploads_dir(job.owner))])
+    uploads replaced by a placeholder (engine.runtime.spec.scrub_paths)."""
+    return spec_rules.scrub_paths(text, [str(run_dir(job)), str(uploads_dir(job.owner))])

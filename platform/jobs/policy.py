@@ -32,8 +32,8 @@ from jobs.commands import issue
 from jobs.dispatch import dispatch
 from jobs.launch import resume_point
 from jobs.models import Cause, CommandKind, IllegalTransition, Job, JobEvent, Quota, State
+from jobs.telemetry import telemetry
 from jobs.webhooks import notify
-from monitor.models import Action, Checkpoint
 
 POLICY_ACTOR = "platform policy"
 AUTO_ACTION_WINDOW_S = 3600.0
@@ -103,9 +103,7 @@ def auto_pause(job: Job, event: ActionEvent) -> None:
     the engine acted on its own too often within the hour."""
     if event.by != ActionBy.POLICY or event.action in PASSIVE_ACTIONS:
         return
-    recent = Action.objects.filter(
-        job=job, by=ActionBy.POLICY, time__gte=counted_since(job),
-    ).exclude(action__in=PASSIVE_ACTIONS).count()
+    recent = telemetry().policy_actions_since(job.pk, counted_since(job), PASSIVE_ACTIONS)
     policy = policy_of(job)
     job.refresh_from_db(fields=["state"])
     if not policy.wants_pause(recent) or job.state != State.RUNNING:
@@ -121,8 +119,7 @@ def storage_pause(job: Job) -> None:
     limit = Quota.limits_of(job.owner).checkpoint_bytes
     if limit is None:
         return
-    stored = sum(c.size_bytes or 0 for c in Checkpoint.objects.filter(
-        job__owner_id=job.owner_id, size_bytes__gt=0) if c.available)
+    stored = telemetry().stored_checkpoint_bytes(job.owner_id)
     job.refresh_from_db(fields=["state"])
     if stored <= limit or job.state != State.RUNNING:
         return

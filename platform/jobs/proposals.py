@@ -13,8 +13,8 @@ from typing import Any
 
 from engine.contract import Header, ProposalEvent, ProposalStatus
 from jobs.models import AuditEntry, Cause, Job
+from jobs.telemetry import telemetry
 from jobs.webhooks import notify
-from monitor.models import Event
 
 ENGINE_ACTOR = "engine"  # who takes the default when nobody answered
 
@@ -22,8 +22,7 @@ ENGINE_ACTOR = "engine"  # who takes the default when nobody answered
 def proposals(job: Job) -> list[dict[str, Any]]:
     """The job's proposals, oldest first, each as its latest event says."""
     latest: dict[str, dict[str, Any]] = {}
-    stored = Event.objects.filter(job=job, type=ProposalEvent.type).order_by("seq")
-    for data in stored.values_list("data", flat=True):
+    for data in telemetry().events_data(job.pk, ProposalEvent.type):
         latest[str(data.get("id"))] = data  # a later word replaces an earlier one in place
     return list(latest.values())
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from rest_framework import serializers
 
+from common.addresses import Refused, reachable
+from common.text import text_error, text_errors
 from engine.contract import COLLECTIVES, CommandKind, CommandRule, ProposalStatus
-from engine.moe.config import PRESETS
-from engine.runtime.spec import ParallelSpec, SpecError, TrainSpec, parse_spec
+from engine.runtime.spec import PRESETS, ParallelSpec, SpecError, TrainSpec, parse_spec
 from jobs import confinement, history
 from jobs.backends import options as backend_options
 from jobs.models import (
@@ -30,8 +31,6 @@ from jobs.policy import PlatformPolicy, PolicyError
 from monitor.models import Anomaly, Checkpoint
 from monitor.sinks import options as sink_options
 from monitor.sinks.api import SinkSerializer
-from ringside.addresses import Refused, reachable
-from ringside.text import text_error, text_errors
 
 
 class JobEventSerializer(serializers.ModelSerializer):

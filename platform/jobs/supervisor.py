@@ -39,9 +39,8 @@ from jobs.dispatch import send_schedule
 from jobs.launch import scrub_paths, stderr_tail
 from jobs.membership import Peers, exclude, lose_hosts, regroup, regroup_reason
 from jobs.models import Cause, Command, CommandKind, CommandState, IllegalTransition, Job, State
+from jobs.telemetry import Ingest, telemetry
 from jobs.webhooks import notify
-from monitor.ingest import StreamIngest
-from monitor.sinks import consumer as sinks
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,8 @@ def supervise(job: Job, me: str) -> None:
     """Launch the engine for the started `job` and follow it until it exits; `me` names this
     supervisor (its heartbeat's owner)."""
     client = redis.Redis.from_url(settings.REDIS_URL)
-    ingest = StreamIngest(job.pk, client, consumer=f"supervisor-{job.pk}")
+    monitoring = telemetry()
+    ingest = monitoring.ingest(job.pk, client, f"supervisor-{job.pk}")
     # what an earlier incarnation published and nobody stored is stored now, before this
     # launch's events, so it cannot be mistaken for them
     ingest.drain()
@@ -70,7 +70,7 @@ def supervise(job: Job, me: str) -> None:
         return
     log.info("job %s: engine started, %s (launch %s)", job.pk, proc.ref, job.launches)
     # each sink follows the stream on its own thread, never holding the ingest (monitor.sinks)
-    sink_runners = sinks.start(job.pk, settings.REDIS_URL)
+    sink_runners = monitoring.start_sinks(job.pk, settings.REDIS_URL)
     supervisor = Supervisor(job, proc, ingest, me, peers)
     try:
         engine = supervisor.run()
@@ -83,7 +83,7 @@ def supervise(job: Job, me: str) -> None:
         raise
     finally:
         client.close()
-        sinks.stop(sink_runners)
+        monitoring.stop_sinks(sink_runners)
     if engine.owned:
         backend.release(job)  # before `finish`, which may queue the job to be placed anew
         finish(job, proc.returncode, engine)
@@ -105,7 +105,7 @@ class EngineReport:
 class Supervisor:
     """The loop of one launch: pump events until the engine exits."""
 
-    def __init__(self, job: Job, proc: Launched | None, ingest: StreamIngest | None,
+    def __init__(self, job: Job, proc: Launched | None, ingest: Ingest | None,
                  me: str, peers: Peers | None = None):
         self.job, self.proc, self.ingest, self.me, self.peers = job, proc, ingest, me, peers
         self.engine = EngineReport()

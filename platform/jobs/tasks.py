@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine.checkpoint.layout import find_latest_good
+from engine.runtime.spec import find_latest_good
 from hosts.models import Host
 from jobs import commands, placement
 from jobs.backends import slurm

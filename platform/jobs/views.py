@@ -10,11 +10,18 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from engine.anomaly.inject import FAULT_KINDS, FaultInjection
-from engine.anomaly.policy import DEFAULT_LADDERS, LADDER_ACTIONS, FaultPolicy
 from engine.contract import COLLECTIVES, STRATEGIES
-from engine.moe.config import PRESETS
-from engine.runtime.spec import CheckpointSpec, DatasetSpec, TrainSpec
+from engine.runtime.spec import (
+    DEFAULT_LADDERS,
+    FAULT_KINDS,
+    LADDER_ACTIONS,
+    PRESETS,
+    CheckpointSpec,
+    DatasetSpec,
+    FaultInjection,
+    FaultPolicy,
+    TrainSpec,
+)
 from jobs.login import LoginView
 from jobs.models import State
 from jobs.permissions import visible_jobs

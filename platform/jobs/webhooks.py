@@ -5,7 +5,7 @@ The body is signed with HMAC-SHA256 under the webhook's secret; the receiver rec
 (`verify` does exactly that). `X-Ringside-Event` names the event.
 
 `notify` only queues one `deliver` task per webhook: a slow or dead receiver never stalls a
-job's supervisor. Each attempt checks the URL again (ringside.addresses: its host resolved now,
+job's supervisor. Each attempt checks the URL again (common.addresses: its host resolved now,
 every address public or in the operator's allow-list) and connects to an address it checked,
 with the URL's name in the Host header and for TLS; redirects are not followed. An unreachable
 receiver, or one answering 5xx or 429, gets up to WEBHOOK_ATTEMPTS attempts with exponential
@@ -27,8 +27,8 @@ from celery import shared_task
 from django.conf import settings
 from kombu.exceptions import OperationalError
 
+from common import addresses
 from jobs.models import Job, Webhook
-from ringside import addresses
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine.contract import BadBatchEvent
-from engine.xputimer.prometheus import CONTENT_TYPE, labels
+from engine.contract import CONTENT_TYPE, BadBatchEvent, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs

@@ -6,4 +6,8 @@ class MonitorConfig(AppConfig):
     verbose_name = "Telemetry"
 
     def ready(self) -> None:
-        from monitor import signals  # noqa: F401  (connects the state-change push)
+        import monitor.signals  # noqa: F401  (connects the state-change push)
+        from jobs.telemetry import telemetry
+        from monitor import provided
+
+        telemetry.provide(provided)

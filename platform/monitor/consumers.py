@@ -32,8 +32,7 @@ it, then closed with 4400.
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -41,8 +40,8 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import connection, transaction
-from redis.exceptions import RedisError
 
+from common.sockets import CLOSE_UNAUTHENTICATED, LayerErrors
 from jobs.models import Job, JobEvent
 from jobs.permissions import visible_jobs
 from monitor import goodput, pushes
@@ -53,7 +52,6 @@ from monitor.series import experts_recent, metric_series, ops_recent, ops_sample
 from monitor.signals import STAFF_GROUP, user_group
 
 CLOSE_BAD_REQUEST = 4400
-CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 SNAPSHOT_POINTS = 600  # per series: enough to draw, small enough to send at once
 SNAPSHOT_FEED = 500  # newest anomalies, actions, checkpoints and memberships each
@@ -61,49 +59,8 @@ SNAPSHOT_FEED = 500  # newest anomalies, actions, checkpoints and memberships ea
 SNAPSHOT_STEPS, SNAPSHOT_OPS_FULL = 300, 10
 SNAPSHOT_JOBS = 200  # newest jobs on the list socket
 REPLAY_CHUNK = 500  # stored events read per query when replaying
-# the messages that are no stored events (monitor.signals, monitor.pushes)
-PUSHED = frozenset({"job", "goodput", "command", "checkpoints", "settings"})
-CLOSE_LAYER_FAILED = 1011  # the server cannot go on: its channel layer (Redis) failed
-# what a slow or unreachable Redis raises from the channel layer (asyncio's timeouts are the
-# builtin TimeoutError; lost connections are OSErrors)
-LAYER_ERRORS = (TimeoutError, OSError, RedisError)
-
-log = logging.getLogger(__name__)
-
-
-class LayerErrors:
-    """A channel-layer failure (group_add on connect, group_discard on disconnect, receiving
-    group messages) ends the socket with one logged line and close code 1011, instead of an
-    ASGI traceback per socket; the client reconnects with `?after=` once Redis is back."""
-
-    async def join(self, group: str) -> bool:
-        """Join a group; False (the socket closed, the failure logged) if the layer failed."""
-        try:
-            await self.channel_layer.group_add(group, self.channel_name)
-        except LAYER_ERRORS as e:
-            _log_layer_failure(self.scope, e)
-            await self.close(code=CLOSE_LAYER_FAILED)
-            return False
-        return True
-
-    async def leave(self, group: str) -> None:
-        try:
-            await self.channel_layer.group_discard(group, self.channel_name)
-        except LAYER_ERRORS as e:  # the socket is closing anyway
-            _log_layer_failure(self.scope, e)
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except LAYER_ERRORS as e:  # receiving group messages failed
-            _log_layer_failure(scope, e)
-            with suppress(Exception):  # the client may be gone already; nothing to tell it
-                await send({"type": "websocket.close", "code": CLOSE_LAYER_FAILED})
-
-
-def _log_layer_failure(scope: dict[str, Any], error: BaseException) -> None:
-    log.warning("websocket %s closed: channel layer failed (%s: %s)", scope.get("path"),
-                type(error).__name__, error)
+# the messages that are no stored events (monitor.signals, monitor.pushes, jobs.evaluations)
+PUSHED = frozenset({"job", "goodput", "command", "checkpoints", "settings", "evaluation"})
 
 
 class TokenAuthMiddleware:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import orjson
 from django.db import models
 
-from engine.checkpoint.layout import present
+from engine.runtime.spec import present
 
 
 def json_text(value) -> str:

@@ -1,10 +1,8 @@
 from django.urls import path
 
-from hosts.consumers import HostsConsumer
 from monitor.consumers import JobConsumer, JobListConsumer
 
 websocket_urlpatterns = [
     path("ws/jobs/", JobListConsumer.as_asgi()),
     path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
-    path("ws/hosts/", HostsConsumer.as_asgi()),
 ]

@@ -15,8 +15,9 @@ from channels.security.websocket import OriginValidator, WebsocketDenier  # noqa
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from hosts import routing as hosts_routing  # noqa: E402
+from monitor import routing as monitor_routing  # noqa: E402
 from monitor.consumers import SessionOrTokenAuth  # noqa: E402
-from monitor.routing import websocket_urlpatterns  # noqa: E402
 
 
 class SameOriginValidator(OriginValidator):
@@ -48,7 +49,8 @@ application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_http),
         "websocket": SameOriginValidator(
-            SessionOrTokenAuth(URLRouter(websocket_urlpatterns))
+            SessionOrTokenAuth(URLRouter(monitor_routing.websocket_urlpatterns
+                                         + hosts_routing.websocket_urlpatterns))
         ),
     }
 )

@@ -273,6 +273,7 @@ PART_BEAT_S = float(os.environ.get("PART_BEAT_S", "1"))
 BACKEND = os.environ.get("RINGSIDE_BACKEND", "hosts")
 # a worker with Slurm's clients (a login node) supervises Slurm jobs: it consumes their queue
 SLURM_SUBMIT = os.environ.get("RINGSIDE_SLURM_SUBMIT", "") == "1"
+SLURM_QUEUE = "slurm"
 # the Redis the cluster's nodes publish to (the platform's own, as the nodes reach it)
 SLURM_BUS_URL = os.environ.get("RINGSIDE_SLURM_BUS_URL", "")
 SLURM_POLL_S = float(os.environ.get("RINGSIDE_SLURM_POLL_S", "1"))
@@ -296,7 +297,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # named API tokens a user may create in any hour (jobs.permissions.token_creation_wait)
 API_TOKENS_PER_HOUR = int(os.environ.get("API_TOKENS_PER_HOUR", "20"))
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "3"))
-# Webhook receivers must be public addresses (ringside.addresses), except inside these CIDRs:
+# Webhook receivers must be public addresses (common.addresses), except inside these CIDRs:
 # the operator's own receivers on an internal network
 RINGSIDE_WEBHOOK_ALLOW = _networks("RINGSIDE_WEBHOOK_ALLOW")
 RINGSIDE_WEBHOOKS_PER_USER = int(os.environ.get("RINGSIDE_WEBHOOKS_PER_USER", "20"))
@@ -323,7 +324,7 @@ RINGSIDE_QUOTA_CHECKPOINT_BYTES = int(os.environ.get("RINGSIDE_QUOTA_CHECKPOINT_
 # the highest placement priority a user who is not staff may ask for
 RINGSIDE_MAX_USER_PRIORITY = int(os.environ.get("RINGSIDE_MAX_USER_PRIORITY", "0"))
 # API bodies: their size (Django's setting, also the JSON parser's bound on a body without a
-# Content-Length) and how deep their JSON may nest (ringside.parsers)
+# Content-Length) and how deep their JSON may nest (common.parsers)
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("RINGSIDE_MAX_BODY_BYTES", str(2_621_440)))
 RINGSIDE_JSON_MAX_DEPTH = int(os.environ.get("RINGSIDE_JSON_MAX_DEPTH", "32"))
 
@@ -351,7 +352,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "jobs.pagination.Pagination",
-    "DEFAULT_PARSER_CLASSES": ["ringside.parsers.BoundedJSONParser",
+    "DEFAULT_PARSER_CLASSES": ["common.parsers.BoundedJSONParser",
                                "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     # \uXXXX escapes for what is not ASCII: a lone surrogate a row holds (older code stored

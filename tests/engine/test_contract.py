@@ -171,7 +171,7 @@ def test_checkpoint_folder_and_tiers(tmp_path):
 def test_the_contract_imports_nothing_but_the_standard_library():
     script = ("import sys; import engine.contract, engine.ports; "
               "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('torch', 'numpy', 'django', 'redis')))")
+              "('torch', 'numpy', 'django', 'redis', 'psutil', 'fsspec')))")
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            check=True, cwd=Path(contract.__file__).parents[1])
     assert found.stdout.strip() == "[]"

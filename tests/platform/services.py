@@ -25,9 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from engine.checkpoint.layout import MANIFEST
-from engine.ports import free_port
-from ringside.services import (
+from common.services import (
     REPO_ROOT,
     child_env,
     stop_process_group,
@@ -35,6 +33,8 @@ from ringside.services import (
     web_processes,
     web_server_command,
 )
+from engine.checkpoint.layout import MANIFEST
+from engine.ports import free_port
 from tests.workers import worker_index
 
 PLATFORM_REDIS_DB = 14  # each test process its own: 14, 13 (tests/workers.py)

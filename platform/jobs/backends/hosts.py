@@ -4,7 +4,7 @@ every other host its part (jobs.membership), which beat and watch each other."""
 
 from __future__ import annotations
 
-from engine.ports import free_port
+from engine.contract import free_port
 from jobs import placement
 from jobs.dispatch import send_run_part
 from jobs.launch import EngineProcess, run_dir, start_engine

@@ -3,7 +3,7 @@ starts its launchers.
 
 Placement is Slurm's: the scheduling pass (`place_waiting`) only counts a new incarnation and
 sends the job's supervisor task to the queue that workers with Slurm's clients consume
-(`SLURM_QUEUE`: `manage.py worker` with RINGSIDE_SLURM_SUBMIT=1, on a login node). That
+(settings.SLURM_QUEUE: `manage.py worker` with RINGSIDE_SLURM_SUBMIT=1, on a login node). That
 supervisor renders a batch script from the spec (`batch_script`: one node per host, one
 launcher per node through `srun`, the CPUs or `--gres` of its ranks, the time limit,
 `--signal=B:USR1@<lead>` so the engine checkpoints before the time limit, `--requeue`),
@@ -27,21 +27,20 @@ import subprocess
 import sys
 from typing import Any, NamedTuple
 
+from celery import current_app
 from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from common.services import engine_env
 from jobs.backends.base import LaunchRefused
 from jobs.dispatch import RUN_JOB
 from jobs.launch import checkpoint_folder, engine_command, resume_point, run_dir, write_spec
 from jobs.models import Job, State
-from ringside.celery import app
-from ringside.services import engine_env
 
 log = logging.getLogger(__name__)
 
-SLURM_QUEUE = "slurm"
 CLIENT_TIMEOUT_S = 30
 # Slurm's states in which the job may still run (a requeued job is pending again)
 ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED",
@@ -78,7 +77,8 @@ def place_waiting() -> list[Job]:
             continue
         job.refresh_from_db()
         try:
-            app.send_task(RUN_JOB, args=[job.pk, job.incarnation], queue=SLURM_QUEUE)
+            current_app.send_task(RUN_JOB, args=[job.pk, job.incarnation],
+                                  queue=settings.SLURM_QUEUE)
         except OperationalError as e:
             log.warning("job %s: run_job could not be queued (%s); sent again at the next "
                         "pass", job.pk, e)

@@ -4,7 +4,7 @@ errors that name the field (`sinks.1.tracking_uri`).
 An entry is a tracker's name or an object with its `kind`:
 `"tensorboard"`; `{"kind": "mlflow", "tracking_uri": "https://...", "experiment": "..."}`
 (without `tracking_uri`: the operator's RINGSIDE_MLFLOW_TRACKING_URI; a user's must be a public
-http(s) address, as a webhook's: ringside.addresses); `{"kind": "wandb", "mode": "offline" |
+http(s) address, as a webhook's: common.addresses); `{"kind": "wandb", "mode": "offline" |
 "online", "project": "...", "entity": "..."}`. Tokens are never part of an entry: they are the
 user's secrets (monitor.sinks.secrets).
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
+from common.addresses import Refused, reachable
 from monitor.sinks.models import Sink, SinkDefaults, SinkKind
-from ringside.addresses import Refused, reachable
 
 NAME_MAX = 128
 DEFAULT_PROJECT = "ringside"

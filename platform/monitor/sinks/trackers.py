@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from common.addresses import reachable
 from jobs.launch import run_dir
 from jobs.models import Job
 from monitor.sinks import secrets
 from monitor.sinks.models import SecretName, Sink, SinkKind
 from monitor.sinks.records import CheckpointLink, Note, Record, Scalars
-from ringside.addresses import reachable
 
 # MLflow's client retries an unreachable server for minutes by default, holding its consumer;
 # the consumer retries itself, with its own backoff (the operator may still set these)
@@ -97,7 +97,7 @@ class MLflow:
 
         uri = sink.config.get("tracking_uri")
         if uri:
-            reachable(uri)  # a user's server: public now too, or refused (ringside.addresses)
+            reachable(uri)  # a user's server: public now too, or refused (common.addresses)
         else:
             uri = settings.RINGSIDE_MLFLOW_TRACKING_URI
         token = secrets.reveal(job.owner_id, SecretName.MLFLOW_TOKEN)

@@ -2,6 +2,7 @@
 the argument and end with the usage exit code before anything runs."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.contract import ExitCode
+from engine.ports import interface_of
 from engine.runtime.cli import build_parser, main, rendezvous
 from engine.runtime.launch import Rendezvous, RunTarget
 from engine.runtime.spec import parse_spec
@@ -123,3 +125,18 @@ def test_the_ranks_forkserver_imports_the_engine_beside_the_launchers_own_import
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == ExitCode.COMPLETED, run.stderr[-2000:]
     assert run.stdout.splitlines()[0] == "forkserver up"
+
+
+def test_a_launcher_on_several_hosts_binds_gloo_where_the_others_reach_it(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    argv = [spec_file(tmp_path), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500",
+            "--node-rank", "0"]
+    spec = parse_spec(json.loads((tmp_path / "spec.json").read_text()))
+    rendezvous(build_parser().parse_args(argv), spec)  # no --local-addr: gloo's own choice
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    rendezvous(build_parser().parse_args([*argv, "--local-addr", "127.0.0.1"]), spec)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == interface_of("127.0.0.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nic0")  # the operator's own choice stands
+    rendezvous(build_parser().parse_args([*argv, "--local-addr", "127.0.0.1"]), spec)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "nic0"

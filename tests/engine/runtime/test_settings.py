@@ -6,8 +6,8 @@ import pytest
 from engine.anomaly import FaultManager
 from engine.errors import SpecError
 from engine.runtime.schedule import lr_at
-from engine.runtime.settings import SETTINGS_LOG, LiveSettings, carry_over, validate_settings
-from engine.runtime.spec import parse_spec
+from engine.runtime.settings import SETTINGS_LOG, LiveSettings, carry_over
+from engine.runtime.spec import parse_spec, validate_settings
 
 
 class Optimizer:

@@ -79,10 +79,10 @@ def test_a_prepare_that_cannot_read_its_source_fails_with_the_reason_and_is_queu
 
 
 def prepare_child() -> psutil.Process:
-    """The running prepare's own process (datasets.prepare_child), started by a pool process
+    """The running prepare's own process (engine.data.prepare_pipe), started by a pool process
     of the session's worker."""
     for proc in psutil.process_iter(["cmdline"]):
-        if "datasets.prepare_child" in (proc.info["cmdline"] or []):
+        if "engine.data.prepare_pipe" in (proc.info["cmdline"] or []):
             return proc
     raise AssertionError("no prepare is running")
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from common.services import REPO_ROOT, stop_process_group
 from hosts.models import Host
-from ringside.services import REPO_ROOT, stop_process_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

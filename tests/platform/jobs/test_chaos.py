@@ -25,6 +25,7 @@ from bench.worker_loss import (
     supervising,
     trained_past_a_checkpoint,
 )
+from common.services import REPO_ROOT
 from engine.checkpoint import find_latest_good
 from engine.ports import free_port
 from engine.runtime.events import read_events
@@ -34,7 +35,6 @@ from jobs.models import Cause, CommandKind, Job, State
 from jobs.tasks import checkpoint_folder, run_dir, run_job
 from monitor.models import Event, MetricPoint
 from ringside.celery import app
-from ringside.services import REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,13 +9,13 @@ import signal
 import pytest
 from django.conf import settings
 
+from common.services import PLATFORM_SECRETS
 from engine.runtime.cli import build_parser, rendezvous
 from engine.runtime.confine import SERVER_PATH
 from engine.runtime.spec import parse_spec
 from jobs.confinement import uploads_dir
 from jobs.launch import HostShare, engine_command, kill_group, run_dir, scrub_paths, start_engine
 from jobs.models import Job
-from ringside.services import PLATFORM_SECRETS
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,10 @@ import time
 import pytest
 from django.db import connection
 
+from common.services import python_module
 from engine.runtime.events import EventLog, events_stream
 from monitor.ingest import GROUP
 from monitor.models import Anomaly, Event, MetricPoint, OpsSample
-from ringside.services import python_module
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

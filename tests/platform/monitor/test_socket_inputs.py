@@ -46,7 +46,7 @@ async def test_a_channel_layer_timeout_on_connect_closes_the_socket_with_one_log
     monkeypatch.setattr(get_channel_layer(), "group_add", failing)
     token = await database_sync_to_async(ApiToken.objects.create)(user=user, name="ws")
     comm = WebsocketCommunicator(application, path.format(job=job.pk) + f"?token={token.key}")
-    with caplog.at_level(logging.WARNING, logger="monitor.consumers"):
+    with caplog.at_level(logging.WARNING, logger="common.sockets"):
         connected, code = await comm.connect()
     assert (connected, code) == (False, 1011)
     assert [r.getMessage() for r in caplog.records] == [
@@ -61,7 +61,7 @@ async def test_a_channel_layer_timeout_on_disconnect_is_logged_not_raised(
     connected, _ = await comm.connect()
     assert connected and (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
     monkeypatch.setattr(get_channel_layer(), "group_discard", failing)
-    with caplog.at_level(logging.WARNING, logger="monitor.consumers"):
+    with caplog.at_level(logging.WARNING, logger="common.sockets"):
         await comm.disconnect()
         await comm.wait(timeout=5)  # the consumer ended without raising
     assert "channel layer failed" in caplog.text

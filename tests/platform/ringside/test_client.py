@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from websockets.exceptions import ConnectionClosedError
 
+from common.services import REPO_ROOT
 from engine.checkpoint.layout import MANIFEST
 from engine.contract import STRATEGIES
 from jobs.models import (
@@ -40,7 +41,6 @@ from jobs.models import (
 from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, config
 from ringside.client.cli import main
-from ringside.services import REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

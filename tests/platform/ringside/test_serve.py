@@ -15,8 +15,8 @@ import urllib.request
 import psutil
 import pytest
 
+from common.services import REPO_ROOT, child_env, wait_for_port
 from engine.ports import free_port
-from ringside.services import REPO_ROOT, child_env, wait_for_port
 
 
 class Serve:

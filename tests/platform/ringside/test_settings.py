@@ -9,7 +9,7 @@ import sys
 import pytest
 from django.test import Client
 
-from ringside.services import PLATFORM_SECRETS, REPO_ROOT, child_env
+from common.services import PLATFORM_SECRETS, REPO_ROOT, child_env
 
 # a platform process: creates the database (WAL: -wal and -shm while it is open) and a job's
 # run folder and file, and reports the modes of what exists, its hosts and its proxies

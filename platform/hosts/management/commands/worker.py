@@ -16,13 +16,13 @@ import os
 import signal
 import threading
 
+from celery import current_app
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, connections
 
 from hosts import live, registry
 from hosts.models import Host
-from jobs.backends.slurm import SLURM_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,6 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="INFO")
 
     def handle(self, *args, loglevel: str, **options) -> None:
-        from ringside.celery import app
-
         # The pool processes fork from this one, and a pool of connections would go with
         # them: a process forked after a beat took that beat's pooled connection (the same
         # socket) and hung at its first query (1 fork in 200-400 measured). A worker's processes
@@ -57,9 +55,9 @@ class Command(BaseCommand):
                          daemon=True).start()
         queues = [settings.CELERY_TASK_DEFAULT_QUEUE, host.queue]
         if settings.SLURM_SUBMIT:  # this machine has Slurm's clients: it supervises Slurm jobs
-            queues.append(SLURM_QUEUE)
+            queues.append(settings.SLURM_QUEUE)
         try:
-            app.worker_main([
+            current_app.worker_main([
                 "worker", "--loglevel", loglevel,
                 "--queues", ",".join(queues),
                 "--concurrency", str(settings.CELERY_WORKER_CONCURRENCY),

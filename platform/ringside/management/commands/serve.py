@@ -22,8 +22,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from engine.ports import free_port
-from ringside.services import (
+from common.services import (
     REPO_ROOT,
     add_web_address_arguments,
     child_env,
@@ -34,6 +33,7 @@ from ringside.services import (
     web_processes,
     web_server_command,
 )
+from engine.contract import free_port
 
 MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a child that ran this long restarts without delay when it dies

@@ -5,7 +5,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from ringside.services import (
+from common.services import (
     add_web_address_arguments,
     child_env,
     web_processes,

@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
+from common.services import stop_process_group
 from jobs.backends.slurm import ALIVE, look
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
-from ringside.services import stop_process_group
 from tests.platform.services import worker_process
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
 

@@ -11,13 +11,13 @@ import pytest
 import redis
 from mlflow.tracking import MlflowClient
 
+from common.services import stop_process_group, wait_for_port
 from engine.ports import free_port
 from engine.runtime.events import EventLog
 from jobs.models import Job
 from monitor.sinks.consumer import SinkConsumer
 from monitor.sinks.models import Sink, SinkKind
 from monitor.sinks.options import parse
-from ringside.services import stop_process_group, wait_for_port
 
 STEPS = range(1, 7)
 EVAL_STEPS = (3, 6)

@@ -4,11 +4,11 @@ for the module."""
 import pytest
 from mlflow.tracking import MlflowClient
 
+from common.addresses import Refused
 from monitor.ingest import GROUP, StreamIngest
 from monitor.sinks.consumer import SinkConsumer, group_of
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.options import SinkError, parse
-from ringside.addresses import Refused
 from tests.platform.monitor.sinks.conftest import SERIES, STEPS, history, publish_run, write_all
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""ringside.parsers: the API's JSON bodies are bounded in depth (400) and size (413, also for a
+"""common.parsers: the API's JSON bodies are bounded in depth (400) and size (413, also for a
 body sent without a Content-Length), each answered as `{"detail": ...}`; a deep body was a
 500 (the decoder's RecursionError)."""
 
@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 from rest_framework.exceptions import ParseError
 
+from common.parsers import BodyTooLarge, BoundedJSONParser, json_depth
 from jobs.models import Job
-from ringside.parsers import BodyTooLarge, BoundedJSONParser, json_depth
 
 pytestmark = pytest.mark.django_db
 

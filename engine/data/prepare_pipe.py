@@ -1,9 +1,10 @@
-"""The prepare of one dataset, in a process of its own (`python -m datasets.prepare_child`): the
-worker's task (datasets.tasks) writes what to prepare as one JSON object on stdin, and reads
-one JSON line per progress report (`{"progress": {...}}`) and the manifest at the end
-(`{"manifest": {...}}`) on stdout. No Django here: it tokenises over worker processes of its
-own, which a Celery pool process (daemonic) may not start, and its memory goes back when it
-exits. A refusal (a path outside the roots, a corrupt file) is one line on stderr, exit 1."""
+"""The prepare of one dataset over pipes (`python -m engine.data.prepare_pipe`), the platform's
+way to run it in a process of its own: its worker's task (datasets.tasks) writes what to
+prepare as one JSON object on stdin, and reads one JSON line per progress report
+(`{"progress": {...}}`) and the manifest at the end (`{"manifest": {...}}`) on stdout. A process
+of its own, because it tokenises over worker processes of its own, which a Celery pool process
+(daemonic) may not start, and its memory goes back when it exits. A refusal (a path outside
+the roots, a corrupt file) is one line on stderr, exit 1."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from ipaddress import ip_address, ip_network
 
 import pytest
 
-from ringside.addresses import (
+from common.addresses import (
     DOES_NOT_RESOLVE,
     NOT_PUBLIC,
     Refused,

@@ -1,4 +1,4 @@
-"""ringside.text and where the API applies it: a lone surrogate or a control character in any
+"""common.text and where the API applies it: a lone surrogate or a control character in any
 string of a job spec (keys too), its name, its tags or its note is a 400 naming the field; a
 note keeps its newlines and tabs. Rows that older code stored with a lone surrogate still list
 and show (200)."""
@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from common.text import text_error, text_errors
 from jobs.models import ApiToken, Job
-from ringside.text import text_error, text_errors
 
 pytestmark = pytest.mark.django_db
 

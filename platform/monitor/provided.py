@@ -1,0 +1,59 @@
+"""What jobs needs of monitoring (jobs.telemetry): the ingest and sinks a job's supervisor runs,
+and what the platform's fault policy, proposals and calibration read of what a run reported."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import redis
+
+from engine.contract import ActionBy
+from monitor.ingest import StreamIngest, forward
+from monitor.models import Action, Checkpoint, Event, OpsSample
+from monitor.sinks import consumer as sinks
+from monitor.sinks import evaluations as evaluation_sinks
+
+
+def ingest(job_id: int, client: redis.Redis, consumer: str) -> StreamIngest:
+    return StreamIngest(job_id, client, consumer=consumer)
+
+
+def start_sinks(job_id: int, redis_url: str) -> list[Any]:
+    return sinks.start(job_id, redis_url)
+
+
+def stop_sinks(runners: list[Any]) -> None:
+    sinks.stop(runners)
+
+
+def policy_actions_since(job_id: int, since: float, passive: Collection[str]) -> int:
+    return Action.objects.filter(job_id=job_id, by=ActionBy.POLICY, time__gte=since).exclude(
+        action__in=passive).count()
+
+
+def stored_checkpoint_bytes(owner_id: int) -> int:
+    return sum(c.size_bytes or 0 for c in Checkpoint.objects.filter(
+        job__owner_id=owner_id, size_bytes__gt=0) if c.available)
+
+
+def events_data(job_id: int, event_type: str) -> list[dict[str, Any]]:
+    return list(Event.objects.filter(job_id=job_id, type=event_type).order_by("seq")
+                .values_list("data", flat=True))
+
+
+def push(job_id: int, message: dict[str, Any]) -> None:
+    seq = (Event.objects.filter(job_id=job_id).order_by("-seq")
+           .values_list("seq", flat=True).first() or 0)
+    forward(job_id, [{**message, "seq": seq}])
+
+
+def publish_evaluation(evaluation: Any) -> None:
+    evaluation_sinks.publish(evaluation)
+
+
+def recent_ops(job_id: int, steps: int) -> list[dict[str, Any]]:
+    seqs = OpsSample.objects.filter(job_id=job_id, step__gt=1).order_by("-step").values_list(
+        "seq", flat=True)[:steps]
+    return list(Event.objects.filter(job_id=job_id, seq__in=list(seqs))
+                .values_list("data", flat=True))
