@@ -278,7 +278,9 @@ def test_export_is_started_once_then_followed_and_a_failed_one_exits_1(ringside,
     again = ringside("--json", "checkpoints", "export", job.pk, failed.pk, "--again")
     assert again.code == 0, again.err
     assert json.loads(again.out)["state"] == "pending"
-    assert Export.objects.get(checkpoint=failed).state == ExportState.PENDING
+    # queued anew (a worker of the suite may have taken it already)
+    assert Export.objects.get(checkpoint=failed).state in (ExportState.PENDING,
+                                                           ExportState.RUNNING)
 
     listed = ringside("checkpoints", "list", job.pk).out
     assert re.search(rf"^│ {done.pk} +│ 1 +│ live +│ disk", listed, re.M), listed
