@@ -126,8 +126,9 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
     if high > 1 and not (args.node_rank is not None and 0 <= args.node_rank < high):
         raise ValueError(f"--node-rank: a job on several hosts numbers each, 0 to {high - 1} "
                          "(0 the lead, on the endpoint's host)")
-    if high > 1 and args.local_addr:  # gloo binds where the other hosts reach this one
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(args.local_addr))
+    if high > 1 and args.local_addr and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo binds where the other hosts reach this one (an operator's own choice stands)
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_of(args.local_addr)
     start_ranks_server()
     from engine.runtime.launch import Rendezvous
 

@@ -64,8 +64,9 @@ export class Evaluations {
     if (known) Object.assign(known, evaluation);
     else listed.push({ ...evaluation });
     this.byCheckpoint.set(evaluation.checkpoint, listed);
-    this.render();
-    if (!UNDER_WAY.has(evaluation.state)) this.follow({ id: evaluation.checkpoint });
+    // an evaluation that ended is shown with its results, read once
+    if (UNDER_WAY.has(evaluation.state)) this.render();
+    else this.follow({ id: evaluation.checkpoint });
   }
 
   all() {
@@ -93,7 +94,7 @@ export class Evaluations {
   plot(done) {
     const sources = new Map(); // source -> [[step, loss]]
     for (const e of done) {
-      for (const [source, h] of Object.entries(e.results.heldout ?? {})) {
+      for (const [source, h] of Object.entries(e.results?.heldout ?? {})) {
         if (!sources.has(source)) sources.set(source, []);
         sources.get(source).push([e.step, h.loss]);
       }

@@ -19,7 +19,6 @@ from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
-
 def test_the_engine_gets_no_secret_key_admin_password_or_database_url(
         user, small_spec, monkeypatch):
     for name in PLATFORM_SECRETS:
@@ -36,11 +35,12 @@ def test_the_engine_gets_no_secret_key_admin_password_or_database_url(
     assert not names & set(PLATFORM_SECRETS)
     assert {"PATH", "PYTHONPATH"} <= names  # what it does need is still there
 
-
 def test_each_hosts_launcher_is_told_its_node_rank_and_only_the_placements_lead_leads(
-        user, small_spec, tmp_path):
+        user, small_spec, tmp_path, monkeypatch):
     """The platform chose the lead (node rank 0, the rendezvous endpoint's host); the engine
     takes that choice from its command line rather than working it out again."""
+    # the hosts' addresses are not this machine's: gloo's interface is named, not looked up
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     small_spec["parallel"] = {"nodes": 2, "hosts": 2}
     job = Job.objects.create(name="hosts", owner=user, spec=small_spec)
     for node_rank in (0, 1):
@@ -49,8 +49,6 @@ def test_each_hosts_launcher_is_told_its_node_rank_and_only_the_placements_lead_
         command = engine_command(job, tmp_path / "spec.json", share)
         args = build_parser().parse_args(command[command.index("engine.train") + 1:])
         assert rendezvous(args, parse_spec(small_spec)).node_rank == node_rank
-
-
 
 def test_paths_outside_the_jobs_own_folders_are_replaced(user, small_spec):
     job = Job.objects.create(name="t", owner=user, spec=small_spec)
