@@ -510,7 +510,10 @@ def _commit_if_complete(step_dir: Location, save_id: str, world_size: int, rank:
         "parts": [{k: p[k] for k in ("rank", "file", "nbytes", "crc32", "shards", "extras")}
                   for p in parts],
     }
-    store.write(step_dir / MANIFEST, [json.dumps(manifest).encode()], f"{save_id}.{rank}")
+    # a temp of this thread's own: a rank's persist thread and its replica receiver may both
+    # commit the same folder at once (identical manifests; the last replace stands)
+    store.write(step_dir / MANIFEST, [json.dumps(manifest).encode()],
+                f"{save_id}.{rank}.{threading.get_native_id()}")
     store.sync_folder(step_dir)
     for f in store.children(step_dir):
         if _superseded(f.name, save_id):
