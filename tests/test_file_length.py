@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.test_function_length import sources
+
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 500
 
 
 def long_files(root: Path) -> list[str]:
     found = []
-    for path in sorted(root.rglob("*.py")):
-        if "migrations" in path.parts:
-            continue
+    for path in sources(root):
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > LIMIT:
             found.append(f"{path.relative_to(root)} ({lines} lines)")

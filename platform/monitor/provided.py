@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from engine.contract import ActionBy
+from monitor import pushes
 from monitor.ingest import StreamIngest, forward
 from monitor.models import Action, Checkpoint, Event, OpsSample
 from monitor.sinks import consumer as sinks
@@ -43,9 +44,7 @@ def events_data(job_id: int, event_type: str) -> list[dict[str, Any]]:
 
 
 def push(job_id: int, message: dict[str, Any]) -> None:
-    seq = (Event.objects.filter(job_id=job_id).order_by("-seq")
-           .values_list("seq", flat=True).first() or 0)
-    forward(job_id, [{**message, "seq": seq}])
+    forward(job_id, [{**message, "seq": pushes.newest_seq(job_id)}])
 
 
 def publish_evaluation(evaluation: Any) -> None:
