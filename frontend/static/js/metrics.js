@@ -137,6 +137,7 @@ export class MetricCharts {
     this.appended = 0;
     this.frame = null;
     this.fetching = 0;
+    this.arrivedSinceFetch = null; // live step events since the newest refetch was asked for
     this.lossRedraw = new Throttled(LOSS_REDRAW_MS, (id) => this.draw(id));
     this.secondary = new Throttled(SECONDARY_REDRAW_MS, (id) => this.draw(id));
     this.prefs = bindPrefs((prefs) => {
@@ -320,6 +321,7 @@ export class MetricCharts {
   // A live step event: queued, drawn on the next animation frame with the others.
   add(event) {
     this.pending.push(event);
+    this.arrivedSinceFetch?.push(event);
     this.frame ??= requestAnimationFrame(() => this.flush());
   }
 
@@ -370,11 +372,16 @@ export class MetricCharts {
     query.set("names", [...this.allNames(), ...AXIS_NAMES, ...prefixed].join(","));
     if (this.window) { query.set("from", this.window[0]); query.set("to", this.window[1]); }
     const request = ++this.fetching;
+    const arrived = this.arrivedSinceFetch = [];
     document.getElementById("job").dataset.metricsFetches =
       Number(document.getElementById("job").dataset.metricsFetches ?? 0) + 1;
     const { ok, data } = await api(`/api/jobs/${this.jobId}/metrics/?${query}`);
     if (!ok || request !== this.fetching) return;
+    this.arrivedSinceFetch = null;
     this.load(data.series);
+    // the server may have answered before it stored the steps that reached the page meanwhile
+    // (the first steps after a rollback): they supersede what it sent from their step on
+    for (const event of arrived) this.add(event);
   }
 }
 
