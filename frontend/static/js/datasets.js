@@ -80,5 +80,6 @@ $("register").addEventListener("submit", async (event) => {
   if (ok) event.target.reset();
   load();
 });
+$("register").querySelector("button").disabled = false;
 
 load();

@@ -159,3 +159,4 @@ form.addEventListener("submit", async (event) => {
     showErrors({ "": data?.detail ?? `the server answered ${status}` });
   }
 });
+launch.disabled = Boolean(refused);
