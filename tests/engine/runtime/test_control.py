@@ -128,8 +128,12 @@ def test_reshard_moves_the_run_to_new_layouts_and_the_curve_continues(tmp_path):
     assert {r["dtype"] for r in running} == {"float32"}  # on CPU; bfloat16 on GPU
     assert sorted(losses_by_step(events)) == list(range(1, 61))
     want, got = losses_by_step(straight.events()), losses_by_step(events)
-    for step in range(1, 61):
-        assert got[step] == pytest.approx(want[step], rel=1e-4), step
+    # the same layout until the first reshard: bitwise the same losses; after it, 2 ranks then
+    # 1 sum the gradients in another order, and training amplifies that rounding step after
+    # step (1e-4 by step 46, measured); a batch skipped or trained twice moves the loss by %
+    assert all(got[step] == want[step] for step in range(1, first["step"] + 1))
+    for step in range(first["step"] + 1, 61):
+        assert got[step] == pytest.approx(want[step], rel=1e-3), step
 
 
 def test_rollback_skips_the_data_window_and_checkpoint_now(tmp_path):
