@@ -1,5 +1,4 @@
-"""A straggler rebalanced (AntDT) against the same run without a slow rank and without an answer;
-a straggler rebalancing cannot bring back, on one host, trained on rebalanced.
+"""Stragglers rebalanced (AntDT): against the clean and unmitigated runs; one that stays slow.
 
     .venv/bin/python -m bench.straggler [--parts rebalanced persistent] [--steps 60]
                                         [--slow-from 12] [--factor 2] [--rounds 1]
