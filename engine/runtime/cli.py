@@ -18,14 +18,11 @@ import os
 import sys
 from multiprocessing import forkserver
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine.contract import ExitCode
 from engine.ports import interface_of
+from engine.runtime.rendezvous import Rendezvous
 from engine.runtime.spec import JobSpec, SpecError, parse_spec
-
-if TYPE_CHECKING:
-    from engine.runtime.launch import Rendezvous
 
 # what the ranks run, imported once in the forkserver they fork from (torch and the engine)
 RANKS_MODULE = "engine.runtime.launch"
@@ -104,9 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
     """The rendezvous the arguments ask for; ValueError naming the argument if the spec's
-    nodes do not spread over the hosts, or several hosts have no endpoint to meet at. Once
-    the arguments hold, the ranks' forkserver starts (`start_ranks_server`), then this
-    process imports the engine."""
+    nodes do not spread over the hosts, or several hosts have no endpoint to meet at. On
+    several hosts gloo binds where the others reach this one, unless the operator named an
+    interface. Under `--rendezvous args` it imports nothing of torch: the caller starts the
+    ranks' forkserver next (`start_ranks_server`)."""
     if args.rendezvous == "slurm":
         from engine.runtime import slurm
 
@@ -129,9 +127,6 @@ def rendezvous(args: argparse.Namespace, spec: JobSpec) -> Rendezvous:
     if high > 1 and args.local_addr and "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo binds where the other hosts reach this one (an operator's own choice stands)
         os.environ["GLOO_SOCKET_IFNAME"] = interface_of(args.local_addr)
-    start_ranks_server()
-    from engine.runtime.launch import Rendezvous
-
     return Rendezvous(min_nodes=low, max_nodes=high, endpoint=args.rdzv_endpoint or "",
                       run_id=args.rdzv_id or args.job or spec.name, local_addr=args.local_addr,
                       configs=args.rdzv_conf, node_rank=args.node_rank or 0)
@@ -159,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return ExitCode.USAGE
+    if args.rendezvous == "args":  # under Slurm, engine.runtime.launch (start_ranks_server)
+        start_ranks_server()
     from engine.runtime.launch import RunDirInUse, RunTarget, launch
 
     run_dir = args.run_dir or Path("runs") / spec.name

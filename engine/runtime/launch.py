@@ -52,6 +52,7 @@ from engine.runtime.commands import Outcome
 from engine.runtime.confine import scrub_paths
 from engine.runtime.control import ControlChannel
 from engine.runtime.events import EventLog
+from engine.runtime.rendezvous import Rendezvous
 from engine.runtime.spec import JobSpec, layout_on_hosts, parse_spec, with_layout
 from engine.runtime.train import Trainer
 
@@ -98,28 +99,6 @@ class RunTarget:
             log.emit(event)
         finally:
             log.close()
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """How this launcher meets the others of the job, as torchrun's `--nnodes MIN:MAX
-    --rdzv-endpoint HOST:PORT --rdzv-id ID --local-addr ADDR` say: between `min_nodes` and
-    `max_nodes` hosts meet at `endpoint`, whose host holds the c10d store. The default is a
-    job on this host alone, at a free port of the loopback."""
-
-    min_nodes: int = 1
-    max_nodes: int = 1
-    endpoint: str = ""  # HOST:PORT; "" = 127.0.0.1 and a free port for each launch
-    run_id: str = ""  # "" = the job id
-    local_addr: str | None = None  # the address the other hosts reach this one at
-    configs: dict[str, str] = dataclasses.field(default_factory=dict)  # torchrun's --rdzv-conf
-    # this host's place among the job's hosts, as whoever placed them numbered it (the
-    # platform, Slurm, the command line): 0 is the lead, on the endpoint's host
-    node_rank: int = 0
-
-    @property
-    def host(self) -> str:
-        return self.endpoint.rpartition(":")[0].strip("[]") or "127.0.0.1"
 
 
 def on_hosts(spec: JobSpec, rdzv: Rendezvous) -> JobSpec:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.contract import TIME_LIMIT_COMMAND
 from engine.runtime import control
-from engine.runtime.launch import Rendezvous
+from engine.runtime.rendezvous import Rendezvous
 
 PORT_BASE = 20000
 PORT_SPAN = 20000

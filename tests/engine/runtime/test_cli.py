@@ -12,7 +12,8 @@ import pytest
 from engine.contract import ExitCode
 from engine.ports import interface_of
 from engine.runtime.cli import build_parser, main, rendezvous
-from engine.runtime.launch import Rendezvous, RunTarget
+from engine.runtime.launch import RunTarget
+from engine.runtime.rendezvous import Rendezvous
 from engine.runtime.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
