@@ -1,6 +1,7 @@
 """REST API: jobs (create, read, steer, clone, their checkpoints' exports and evaluations) and
-the command rules. A job's telemetry reads are jobs.telemetry_api's; the planner is
-jobs.plan_api's; API tokens, webhooks and the audit log are jobs.access_api's.
+the command rules. A job's telemetry reads (metrics, goodput, ops, ...) are monitor.api's,
+routed under the same `jobs/<id>/` (monitor.urls); the planner is jobs.plan_api's; API tokens,
+webhooks and the audit log are jobs.access_api's.
 
 Views stay thin: bodies are validated by serializers (jobs.serializers, jobs.bodies), state
 moves are Job methods, commands go through jobs.commands. Every POST takes an
@@ -81,9 +82,8 @@ from jobs.serializers import (
     JobSerializer,
     ProposalSerializer,
 )
-from jobs.telemetry_api import JobTelemetry
+from jobs.telemetry import telemetry
 from monitor.models import Anomaly, Checkpoint
-from monitor.sinks import options as sink_options
 
 
 class Conflict(APIException):
@@ -154,8 +154,7 @@ class JobFilter(filters.FilterSet):
                                   401: UNAUTHENTICATED}),
     retrieve=extend_schema(responses={200: JobDetailSerializer, **ERRORS}),
 )
-class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                 viewsets.GenericViewSet):
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Your jobs (staff: everyone's). Another user's job answers 404."""
 
     filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
@@ -246,7 +245,7 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                                      platform=policy.to_dict(), resume_from=resume_from,
                                      priority=priority, backend=backend[0],
                                      backend_options=backend[1])
-            sink_options.attach(job, sinks)
+            telemetry().attach_sinks(job, sinks)
             mixtures().record_use(job)
             audit(request, what, job=job, **details)
             dispatch(job)
