@@ -38,8 +38,8 @@ ALLOWED_APP_IMPORTS = {
     "ringside": {"common", "datasets", "hosts", "jobs", "monitor"},
 }
 # Imports against the arrows that remain, each to be removed, never added to: jobs still finds
-# and shows checkpoint rows (and anomaly rows), which belong to jobs (a model move, with its
-# migrations).
+# and shows checkpoint rows, which belong to jobs (a model move, with its migrations), and reads
+# the engine's stored actions for a job's history (jobs.history).
 PENDING_REVERSED = {
     "jobs.api -> monitor.models", "jobs.bodies -> monitor.models",
     "jobs.confinement -> monitor.models", "jobs.evaluations -> monitor.models",

@@ -1,7 +1,7 @@
 """REST API: jobs (create, read, steer, clone, their checkpoints' exports and evaluations) and
-the command rules. A job's telemetry reads (metrics, goodput, ops, ...) are monitor.api's,
-routed under the same `jobs/<id>/` (monitor.urls); the planner is jobs.plan_api's; API tokens,
-webhooks and the audit log are jobs.access_api's.
+the command rules. A job's telemetry reads (metrics, goodput, anomalies, ops, ...) are
+monitor.api's, routed under the same `jobs/<id>/` (monitor.urls); the planner is
+jobs.plan_api's; API tokens, webhooks and the audit log are jobs.access_api's.
 
 Views stay thin: bodies are validated by serializers (jobs.serializers, jobs.bodies), state
 moves are Job methods, commands go through jobs.commands. Every POST takes an
@@ -69,7 +69,6 @@ from jobs.models import Evaluation, Export, IllegalTransition, Job, State
 from jobs.permissions import audit, request_cause, visible_jobs
 from jobs.policy import PlatformPolicy
 from jobs.serializers import (
-    AnomalySerializer,
     CheckpointSerializer,
     CommandRulesSerializer,
     CommandSerializer,
@@ -83,7 +82,7 @@ from jobs.serializers import (
     ProposalSerializer,
 )
 from jobs.telemetry import telemetry
-from monitor.models import Anomaly, Checkpoint
+from monitor.models import Checkpoint
 
 
 class Conflict(APIException):
@@ -430,12 +429,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
         return self._page(self.get_object().transitions.all(), JobEventSerializer)
-
-    @extend_schema(responses={200: AnomalySerializer(many=True), **ERRORS}, filters=False)
-    @action(detail=True, methods=["get"])
-    def anomalies(self, request: Request, pk: str) -> Response:
-        job = self.get_object()
-        return self._page(Anomaly.objects.filter(job=job).order_by("seq"), AnomalySerializer)
 
     @extend_schema(responses={200: CommandSerializer(many=True), **ERRORS}, filters=False)
     @action(detail=True, methods=["get"])

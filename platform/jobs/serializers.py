@@ -1,4 +1,4 @@
-"""What the API reads and writes: jobs and what they hold (commands, checkpoints, anomalies),
+"""What the API reads and writes: jobs and what they hold (commands, checkpoints),
 a job-create body, the planner's query and answer, tokens and webhooks. The steering actions'
 and a clone's bodies are in jobs.bodies."""
 
@@ -29,7 +29,7 @@ from jobs.models import (
 )
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.telemetry import telemetry
-from monitor.models import Anomaly, Checkpoint
+from monitor.models import Checkpoint
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -243,13 +243,6 @@ class CheckpointSerializer(serializers.ModelSerializer):
         if rollbacks is None:
             rollbacks = history.rollbacks(checkpoint.job_id)
         return history.branch(checkpoint, rollbacks)
-
-
-class AnomalySerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Anomaly
-        fields = ["id", "seq", "step", "time", "kind", "severity", "rank", "evidence"]
-        read_only_fields = fields
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):

@@ -1,10 +1,11 @@
 """REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`), the goodput ledger
-(`jobs/<id>/goodput/`) and what one cause of it counts (`jobs/<id>/goodput/events/`), actions
-routed beside the jobs API's under its `jobs` prefix (monitor.urls); per-op timing
-(`jobs/<id>/ops/`, `jobs/<id>/ops/history/`), expert load (`jobs/<id>/experts/`) and the batches
-the fault policy found bad (`jobs/<id>/bad-batches/`); the per-user goodput summary over a time
-range (`goodput/`) and the goodput as Prometheus gauges (`goodput/metrics/`). Query parameters
-are validated; a bad one answers 400 naming it. Another user's job answers 404, as everywhere in
+(`jobs/<id>/goodput/`), what one cause of it counts (`jobs/<id>/goodput/events/`) and the
+anomalies the engine reported (`jobs/<id>/anomalies/`), actions routed beside the jobs API's
+under its `jobs` prefix (monitor.urls); per-op timing (`jobs/<id>/ops/`,
+`jobs/<id>/ops/history/`), expert load (`jobs/<id>/experts/`) and the batches the fault policy
+found bad (`jobs/<id>/bad-batches/`); the per-user goodput summary over a time range
+(`goodput/`) and the goodput as Prometheus gauges (`goodput/metrics/`). Query parameters are
+validated; a bad one answers 400 naming it. Another user's job answers 404, as everywhere in
 the API."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jobs.models import Job
 from jobs.permissions import visible_jobs
 from jobs.serializers import JobEventSerializer
 from monitor import goodput, lineage
-from monitor.models import Checkpoint, Event
+from monitor.models import Anomaly, Checkpoint, Event
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -228,6 +229,13 @@ class GoodputCauseQuery(serializers.Serializer):
                                     help_text="one of the ledger's causes")
 
 
+class AnomalySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Anomaly
+        fields = ["id", "seq", "step", "time", "kind", "severity", "rank", "evidence"]
+        read_only_fields = fields
+
+
 class JobTelemetryViewSet(viewsets.GenericViewSet):
     """The telemetry actions of a job, under the jobs API's routes (/api/jobs/<id>/...): only
     the caller's visible jobs, as jobs.api.JobViewSet's; another user's job answers 404."""
@@ -265,6 +273,15 @@ class JobTelemetryViewSet(viewsets.GenericViewSet):
                            .order_by("seq").values_list("data", flat=True)),
             "transitions": JobEventSerializer(job.transitions.filter(
                 pk__in=refs["transitions"]), many=True).data})
+
+    @extend_schema(responses={200: AnomalySerializer(many=True), **ERRORS}, filters=False,
+                   description="The anomalies the engine reported (loss spikes, stragglers, "
+                   "...), oldest first (paginated), each with its evidence.")
+    @action(detail=True, methods=["get"])
+    def anomalies(self, request: Request, pk: str) -> Response:
+        page = self.paginate_queryset(Anomaly.objects.filter(job=self.get_object())
+                                      .order_by("seq"))
+        return self.get_paginated_response(AnomalySerializer(page, many=True).data)
 
     @extend_schema(parameters=[MetricsQuery], responses={200: SERIES, 400: BAD_QUERY,
                                                          **ERRORS}, filters=False,
