@@ -305,7 +305,7 @@ class CommandHandler:
             raise CommandRefused(f"reshard: parallel.{placed[0]} says where the job runs, "
                                  "which a reshard does not change")
         parallel = {**dataclasses.asdict(self.spec.parallel), **args}
-        resharded(self.spec.to_dict(), parallel)
+        resharded(self.spec, parallel)
         return parallel
 
     def _ack(self, command: Command, **fields: Any) -> None:

@@ -293,12 +293,11 @@ def with_layout(data: dict[str, Any], parallel: dict[str, Any],
     return spec
 
 
-def resharded(data: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
-    """The spec of `data` moved onto the layout `parallel` with the same micro_batch (what a
-    reshard does); SpecError naming the field if that layout is no valid spec or the global
+def resharded(spec: JobSpec, parallel: dict[str, Any]) -> JobSpec:
+    """`spec` moved onto the layout `parallel` with the same micro_batch (what a reshard
+    does); SpecError naming the field if that layout is no valid spec or the global
     micro-batch does not divide over its ranks."""
-    spec = parse_spec(data)
-    moved = parse_spec(with_layout(data, parallel))
+    moved = parse_spec(with_layout(spec.to_dict(), parallel))
     batch, world = spec.train.micro_batch * spec.parallel.world_size, moved.parallel.world_size
     if batch % world:
         raise SpecError({"parallel.nodes": (
@@ -307,13 +306,13 @@ def resharded(data: dict[str, Any], parallel: dict[str, Any]) -> JobSpec:
     return moved
 
 
-def reshard_layout(data: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+def reshard_layout(spec: JobSpec, args: dict[str, Any]) -> dict[str, Any]:
     """The `parallel` part of a reshard's `args` (strategy, nodes, procs_per_node, and `hosts`
     where a reshard also moves the job onto another number of hosts: a new Slurm allocation),
-    the fewest hosts kept at most the new count."""
+    the fewest hosts of `spec` kept at most the new count."""
     layout = {k: args[k] for k in ("strategy", "nodes", "procs_per_node", "hosts") if k in args}
     if "hosts" in layout:
-        layout["min_hosts"] = min(parse_spec(data).parallel.min_hosts or 1, layout["hosts"])
+        layout["min_hosts"] = min(spec.parallel.min_hosts or 1, layout["hosts"])
     return layout
 
 

@@ -1,5 +1,6 @@
 """REST API: jobs (create, read, steer, clone, their checkpoints' exports and evaluations) and
-the command rules. A job's telemetry reads are jobs.telemetry_api's; the planner is
+the command rules. A job's telemetry reads (metrics, goodput, anomalies, ops, ...) are
+monitor.api's, routed under the same `jobs/<id>/` (monitor.urls); the planner is
 jobs.plan_api's; API tokens, webhooks and the audit log are jobs.access_api's.
 
 Views stay thin: bodies are validated by serializers (jobs.serializers, jobs.bodies), state
@@ -68,7 +69,6 @@ from jobs.models import Evaluation, Export, IllegalTransition, Job, State
 from jobs.permissions import audit, request_cause, visible_jobs
 from jobs.policy import PlatformPolicy
 from jobs.serializers import (
-    AnomalySerializer,
     CheckpointSerializer,
     CommandRulesSerializer,
     CommandSerializer,
@@ -81,9 +81,8 @@ from jobs.serializers import (
     JobSerializer,
     ProposalSerializer,
 )
-from jobs.telemetry_api import JobTelemetry
-from monitor.models import Anomaly, Checkpoint
-from monitor.sinks import options as sink_options
+from jobs.telemetry import telemetry
+from monitor.models import Checkpoint
 
 
 class Conflict(APIException):
@@ -154,8 +153,7 @@ class JobFilter(filters.FilterSet):
                                   401: UNAUTHENTICATED}),
     retrieve=extend_schema(responses={200: JobDetailSerializer, **ERRORS}),
 )
-class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                 viewsets.GenericViewSet):
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Your jobs (staff: everyone's). Another user's job answers 404."""
 
     filter_backends = [filters.DjangoFilterBackend, OrderingFilter]
@@ -246,7 +244,7 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                                      platform=policy.to_dict(), resume_from=resume_from,
                                      priority=priority, backend=backend[0],
                                      backend_options=backend[1])
-            sink_options.attach(job, sinks)
+            telemetry().attach_sinks(job, sinks)
             mixtures().record_use(job)
             audit(request, what, job=job, **details)
             dispatch(job)
@@ -431,12 +429,6 @@ class JobViewSet(JobTelemetry, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
         return self._page(self.get_object().transitions.all(), JobEventSerializer)
-
-    @extend_schema(responses={200: AnomalySerializer(many=True), **ERRORS}, filters=False)
-    @action(detail=True, methods=["get"])
-    def anomalies(self, request: Request, pk: str) -> Response:
-        job = self.get_object()
-        return self._page(Anomaly.objects.filter(job=job).order_by("seq"), AnomalySerializer)
 
     @extend_schema(responses={200: CommandSerializer(many=True), **ERRORS}, filters=False)
     @action(detail=True, methods=["get"])

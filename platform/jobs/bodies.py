@@ -96,16 +96,17 @@ class RollbackBody(CommandBody):
                 {"checkpoint": "give exactly one of checkpoint and step"})
         if "checkpoint" in data:
             try:
-                job_checkpoint(self.context["job"], data["checkpoint"])
+                found = job_checkpoint(self.context["job"], data["checkpoint"])
             except serializers.ValidationError as e:
                 raise serializers.ValidationError({"checkpoint": e.detail}) from e
+            # the engine knows checkpoints by their folder, not by the platform's ids
+            self._checkpoint_folder = found.path
         return data
 
     def engine_args(self) -> dict[str, Any]:
         engine = dict(self.validated_data)
         if "checkpoint" in engine:
-            # the engine knows checkpoints by their folder, not by the platform's ids
-            engine["checkpoint"] = Checkpoint.objects.get(pk=engine["checkpoint"]).path
+            engine["checkpoint"] = self._checkpoint_folder  # validate() found it
         return engine
 
 
@@ -119,13 +120,14 @@ class ReshardBody(CommandBody):
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         job = self.context["job"]
-        hosts = parse_spec(job.spec).parallel.hosts
+        spec = parse_spec(job.spec)
+        hosts = spec.parallel.hosts
         if data.get("hosts", hosts) != hosts and job.backend != "slurm":
             # another allocation's size is a new submission, which only Slurm's jobs take
             raise serializers.ValidationError(
                 {"hosts": "only a job on the slurm backend changes its host count in a reshard"})
         try:  # the engine's own rules for a reshard (layout, batch over the ranks)
-            resharded(job.spec, reshard_layout(job.spec, data))
+            resharded(spec, reshard_layout(spec, data))
         except SpecError as e:
             raise serializers.ValidationError(
                 {k.removeprefix("parallel."): v for k, v in e.errors.items()}) from e

@@ -1,4 +1,4 @@
-"""What the API reads and writes: jobs and what they hold (commands, checkpoints, anomalies),
+"""What the API reads and writes: jobs and what they hold (commands, checkpoints),
 a job-create body, the planner's query and answer, tokens and webhooks. The steering actions'
 and a clone's bodies are in jobs.bodies."""
 
@@ -28,9 +28,8 @@ from jobs.models import (
     Webhook,
 )
 from jobs.policy import PlatformPolicy, PolicyError
-from monitor.models import Anomaly, Checkpoint
-from monitor.sinks import options as sink_options
-from monitor.sinks.api import SinkSerializer
+from jobs.telemetry import telemetry
+from monitor.models import Checkpoint
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -106,10 +105,8 @@ class JobCreateSerializer(serializers.Serializer):
             job["policy"] = PlatformPolicy.parse(data.get("platform"))
         except PolicyError as e:
             errors.update(e.errors)
-        try:
-            job["sinks"] = sink_options.parse(data["sinks"]) if "sinks" in data else None
-        except sink_options.SinkError as e:
-            errors.update(e.errors)
+        if "sinks" in data:
+            job["sinks"] = telemetry().parse_sinks(data["sinks"], errors)
         try:
             job.update(super().to_internal_value({k: v for k, v in data.items()
                                                   if k in self.fields}))
@@ -178,12 +175,16 @@ class JobNoteSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     transitions = JobEventSerializer(many=True, read_only=True)
-    sinks = SinkSerializer(many=True, read_only=True, help_text=(
-        "the trackers the job writes to, how far each got and its last error (monitor.sinks)"))
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "transitions", "sinks"]
+        fields = [*JobSerializer.Meta.fields, "transitions"]
         read_only_fields = fields
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # the sinks are monitor's rows, shown by monitor's serializer (jobs.telemetry)
+        return {**super().get_fields(), "sinks": telemetry().sinks_field(help_text=(
+            "the trackers the job writes to, how far each got and its last error "
+            "(monitor.sinks)"))}
 
 
 class CommandSerializer(serializers.ModelSerializer):
@@ -242,13 +243,6 @@ class CheckpointSerializer(serializers.ModelSerializer):
         if rollbacks is None:
             rollbacks = history.rollbacks(checkpoint.job_id)
         return history.branch(checkpoint, rollbacks)
-
-
-class AnomalySerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Anomaly
-        fields = ["id", "seq", "step", "time", "kind", "severity", "rank", "evidence"]
-        read_only_fields = fields
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):

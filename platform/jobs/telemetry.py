@@ -1,8 +1,9 @@
 """What jobs needs of the monitoring of its runs: the job's ingest (bus → database →
 websockets), which a supervisor pumps and whose stored events it acts on; the metric sinks that
-follow the stream beside it; what the platform's fault policy, proposals and calibration read
-of what a run reported. The `monitor` app, which builds on this one, provides them when it is
-ready (monitor.apps, monitor.provided), so these modules of jobs import none of monitor."""
+follow the stream beside it (which a job-create body names and a job's detail shows); what the
+platform's fault policy, proposals and calibration read of what a run reported. The `monitor`
+app, which builds on this one, provides them when it is ready (monitor.apps, monitor.provided),
+so these modules of jobs import none of monitor."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from common.provided import Provided
 
 if TYPE_CHECKING:
     import redis
+    from rest_framework import serializers
 
     from engine.contract import Event
+    from jobs.models import Job
 
 
 class Ingest(Protocol):
@@ -34,6 +37,16 @@ class Telemetry(Protocol):
 
     def stop_sinks(self, runners: Any) -> None:
         """Tell the sinks `start_sinks` started that the engine exited."""
+
+    def parse_sinks(self, value: Any, errors: dict[str, str]) -> list[dict[str, str]]:
+        """The configs of a job-create body's `sinks`, one per tracker; what is wrong is added
+        to `errors` by dotted field (`sinks.1.tracking_uri`)."""
+
+    def attach_sinks(self, job: Job, configs: list[dict[str, str]] | None) -> None:
+        """Give `job` its sinks: `configs`, or (None) its owner's defaults."""
+
+    def sinks_field(self, help_text: str) -> serializers.Field:
+        """The read-only serializer field of a job's sinks as its detail shows them."""
 
     def policy_actions_since(self, job_id: int, since: float, passive: Collection[str]) -> int:
         """The actions the engine's fault policy took in the job since `since` (a timestamp),

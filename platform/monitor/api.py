@@ -1,11 +1,12 @@
-"""REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`, served by the jobs
-API through `metrics_payload`), per-op timing (`jobs/<id>/ops/`, `jobs/<id>/ops/history/`),
-expert load (`jobs/<id>/experts/`) and the batches the fault policy found bad
-(`jobs/<id>/bad-batches/`); the goodput ledger's schema (`jobs/<id>/goodput/`,
-served by the jobs API), the per-user summary over a time range (`goodput/`) and the goodput
-as Prometheus gauges (`goodput/metrics/`). Query
-parameters are validated; a bad one answers 400 naming it. Another user's job answers 404, as
-everywhere in the API."""
+"""REST reads of a job's telemetry: metric series (`jobs/<id>/metrics/`), the goodput ledger
+(`jobs/<id>/goodput/`), what one cause of it counts (`jobs/<id>/goodput/events/`) and the
+anomalies the engine reported (`jobs/<id>/anomalies/`), actions routed beside the jobs API's
+under its `jobs` prefix (monitor.urls); per-op timing (`jobs/<id>/ops/`,
+`jobs/<id>/ops/history/`), expert load (`jobs/<id>/experts/`) and the batches the fault policy
+found bad (`jobs/<id>/bad-batches/`); the per-user goodput summary over a time range
+(`goodput/`) and the goodput as Prometheus gauges (`goodput/metrics/`). Query parameters are
+validated; a bad one answers 400 naming it. Another user's job answers 404, as everywhere in
+the API."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -28,8 +30,9 @@ from engine.contract import CONTENT_TYPE, BadBatchEvent, labels
 from jobs.errors import BAD_QUERY, ERRORS
 from jobs.models import Job
 from jobs.permissions import visible_jobs
+from jobs.serializers import JobEventSerializer
 from monitor import goodput, lineage
-from monitor.models import Checkpoint, Event
+from monitor.models import Anomaly, Checkpoint, Event
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,
@@ -83,14 +86,6 @@ SERIES = inline_serializer("MetricSeries", {"series": serializers.DictField(
     help_text='{name: {"step": [...], "value": [...], "min": [...], "max": [...]}}; each point '
               "is a bucket of steps (its first step, mean, min and max), or one step when the "
               "window fits in max_points; value is null where a step was NaN/inf")})
-
-
-def metrics_payload(job_id: int, params: Any) -> dict[str, Any]:
-    """The body of GET jobs/<id>/metrics/ for query `params`; raises ValidationError."""
-    q = _valid(MetricsQuery, params)
-    names = [n.strip() for n in q.get("names", "").split(",") if n.strip()]
-    return {"series": metric_series(job_id, names, q.get("from"), q.get("to"),
-                                    q["max_points"])}
 
 
 class JobTelemetryView(APIView):
@@ -232,6 +227,73 @@ GOODPUT = inline_serializer("Goodput", {
 class GoodputCauseQuery(serializers.Serializer):
     cause = serializers.ChoiceField(choices=list(goodput.CAUSES),
                                     help_text="one of the ledger's causes")
+
+
+class AnomalySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Anomaly
+        fields = ["id", "seq", "step", "time", "kind", "severity", "rank", "evidence"]
+        read_only_fields = fields
+
+
+class JobTelemetryViewSet(viewsets.GenericViewSet):
+    """The telemetry actions of a job, under the jobs API's routes (/api/jobs/<id>/...): only
+    the caller's visible jobs, as jobs.api.JobViewSet's; another user's job answers 404."""
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
+            return Job.objects.none()
+        return visible_jobs(self.request.user)
+
+    @extend_schema(responses={200: GOODPUT, **ERRORS}, filters=False,
+                   description="The goodput ledger: the job's wall-clock time so far split into "
+                   "productive training and each cause of loss, with each cause's seconds, "
+                   "share and the events and state transitions behind it (monitor.goodput).")
+    @action(detail=True, methods=["get"])
+    def goodput(self, request: Request, pk: str) -> Response:
+        return Response(goodput.current(self.get_object().pk))
+
+    @extend_schema(
+        parameters=[GoodputCauseQuery],
+        responses={200: inline_serializer("GoodputCauseEvents", {
+            "cause": serializers.CharField(),
+            "events": serializers.ListField(child=serializers.DictField(), help_text=(
+                "the stored events behind it, as published, oldest first")),
+            "transitions": JobEventSerializer(many=True)}), 400: BAD_QUERY, **ERRORS},
+        filters=False, description="What one cause of the goodput ledger counts: the events "
+        "and state transitions behind it (the newest 100 of each).")
+    @action(detail=True, methods=["get"], url_path="goodput/events", url_name="goodput-events")
+    def goodput_events(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        cause = _valid(GoodputCauseQuery, request.query_params)["cause"]
+        refs = goodput.current(job.pk)["causes"][cause]
+        return Response({
+            "cause": cause,
+            "events": list(Event.objects.filter(job=job, seq__in=refs["events"])
+                           .order_by("seq").values_list("data", flat=True)),
+            "transitions": JobEventSerializer(job.transitions.filter(
+                pk__in=refs["transitions"]), many=True).data})
+
+    @extend_schema(responses={200: AnomalySerializer(many=True), **ERRORS}, filters=False,
+                   description="The anomalies the engine reported (loss spikes, stragglers, "
+                   "...), oldest first (paginated), each with its evidence.")
+    @action(detail=True, methods=["get"])
+    def anomalies(self, request: Request, pk: str) -> Response:
+        page = self.paginate_queryset(Anomaly.objects.filter(job=self.get_object())
+                                      .order_by("seq"))
+        return self.get_paginated_response(AnomalySerializer(page, many=True).data)
+
+    @extend_schema(parameters=[MetricsQuery], responses={200: SERIES, 400: BAD_QUERY,
+                                                         **ERRORS}, filters=False,
+                   description="Stored step metrics, downsampled server-side with a min/max "
+                   "envelope (monitor.series).")
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        q = _valid(MetricsQuery, request.query_params)
+        names = [n.strip() for n in q.get("names", "").split(",") if n.strip()]
+        return Response({"series": metric_series(job.pk, names, q.get("from"), q.get("to"),
+                                                 q["max_points"])})
 
 
 class GoodputQuery(serializers.Serializer):

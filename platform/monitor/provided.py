@@ -7,6 +7,7 @@ from collections.abc import Collection
 from typing import Any
 
 import redis
+from rest_framework import serializers
 
 from engine.contract import ActionBy
 from monitor import pushes
@@ -14,6 +15,8 @@ from monitor.ingest import StreamIngest, forward
 from monitor.models import Action, Checkpoint, Event, OpsSample
 from monitor.sinks import consumer as sinks
 from monitor.sinks import evaluations as evaluation_sinks
+from monitor.sinks import options as sink_options
+from monitor.sinks.api import SinkSerializer
 
 
 def ingest(job_id: int, client: redis.Redis, consumer: str) -> StreamIngest:
@@ -26,6 +29,22 @@ def start_sinks(job_id: int, redis_url: str) -> list[Any]:
 
 def stop_sinks(runners: list[Any]) -> None:
     sinks.stop(runners)
+
+
+def parse_sinks(value: Any, errors: dict[str, str]) -> list[dict[str, str]]:
+    try:
+        return sink_options.parse(value)
+    except sink_options.SinkError as e:
+        errors.update(e.errors)
+        return []
+
+
+def attach_sinks(job: Any, configs: list[dict[str, str]] | None) -> None:
+    sink_options.attach(job, configs)
+
+
+def sinks_field(help_text: str) -> serializers.Field:
+    return SinkSerializer(many=True, read_only=True, help_text=help_text)
 
 
 def policy_actions_since(job_id: int, since: float, passive: Collection[str]) -> int:

@@ -46,6 +46,6 @@ urlpatterns = [
     path("api/me/secrets/<str:name>/", SecretView.as_view(), name="api-secret"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/", include("monitor.urls")),  # telemetry reads: ops, experts
+    path("api/", include("monitor.urls")),  # telemetry reads: metrics, goodput, ops, ...
     path("api/", include(router.urls)),
 ]

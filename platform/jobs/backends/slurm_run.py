@@ -147,7 +147,8 @@ class SlurmRun:
         command = Command.objects.filter(job=job, kind=CommandKind.RESHARD).order_by("-pk").first()
         if command is None or not resubmits(job, command.args):
             return False
-        layout, before = reshard_layout(job.spec, command.args), parse_spec(job.spec)
+        before = parse_spec(job.spec)
+        layout = reshard_layout(before, command.args)
         world = layout["nodes"] * layout["procs_per_node"]
         job.adopt_layout(layout, before.train.micro_batch * before.parallel.world_size // world)
         log.info("job %s: reshard onto %s node(s): a new submission", job.pk, layout["hosts"])
