@@ -24,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.test.utils import override_settings
 
 from common.services import (
     REPO_ROOT,
@@ -59,6 +61,13 @@ def platform_redis_url(redis_url: str) -> str:
     client.close()
 
 
+class FewRoundsPBKDF2(PBKDF2PasswordHasher):
+    """The site's own hasher at few iterations. A hash names its iterations, so the test
+    services (the web server logs the users in) verify it with their default hasher."""
+
+    iterations = 1_000
+
+
 @pytest.fixture(scope="session")
 def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
     """Point this process's settings, channel layer and Celery producer at the test services."""
@@ -66,6 +75,8 @@ def _platform_settings(platform_redis_url, tmp_path_factory, django_db_blocker):
 
     from ringside.celery import app
 
+    # a test's users are hashed at few rounds: the site's 1M cost 0.4 s of CPU a user
+    override_settings(PASSWORD_HASHERS=[f"{__name__}.{FewRoundsPBKDF2.__name__}"]).enable()
     runs = tmp_path_factory.mktemp("runs")
     uploads = tmp_path_factory.mktemp("uploads")
     # A queue of our own: no other worker on this Redis (another session's) takes our tasks.
