@@ -40,8 +40,8 @@ from jobs.backends.slurm import (
     hostnames,
     look,
     lost_nodes,
+    node_down_within_s,
     resubmits,
-    slurmd_timeout_s,
     submit,
 )
 from jobs.launch import run_dir
@@ -134,14 +134,14 @@ class SlurmRun:
 
     def _lost(self) -> list[str] | None:
         """The nodes of a multi-node run that Slurm holds down; None while Slurm may still be
-        finding out (up to twice its SlurmdTimeout after the end)."""
+        finding out (`node_down_within_s` after the end)."""
         if len(self.nodes) < 2:
             return []
         lost = lost_nodes(self.nodes)
         if lost:
             return lost
         if self.settle_by is None:
-            self.settle_by = time.monotonic() + 2 * slurmd_timeout_s() + 5
+            self.settle_by = time.monotonic() + node_down_within_s()
         return None if time.monotonic() < self.settle_by else []
 
     def _steerable(self) -> bool:
