@@ -175,13 +175,17 @@ def lost_nodes(nodes: list[str]) -> list[str]:
                    if "*" in state or state.startswith(("down", "drain", "drng", "fail"))})
 
 
-def slurmd_timeout_s() -> float:
-    """How long Slurm waits for a silent node before it marks it down (its SlurmdTimeout)."""
+def node_down_within_s() -> float:
+    """How long after a node fell silent Slurm may still be finding out: its SlurmdTimeout
+    (how long it waits for a silent node), then a ping's MessageTimeout (a ping to a dead node
+    fails only that late), each twice (Slurm marks it down at a ping after the one that found
+    it silent). Slurm's defaults where its configuration says none."""
+    config = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
     for line in client("scontrol", "show", "config").splitlines():
         name, _, value = line.partition("=")
-        if name.strip() == "SlurmdTimeout":
-            return float(value.split()[0])
-    return 300.0  # Slurm's default
+        if name.strip() in config and value.split():
+            config[name.strip()] = value.split()[0]
+    return 2 * (float(config["SlurmdTimeout"]) + float(config["MessageTimeout"]))
 
 
 def submit(job: Job) -> str:

@@ -9,13 +9,16 @@ reason is the Ringside job's waiting reason. The launch usually ends with its Sl
   layout (the global batch kept, as the engine's own reshard keeps it) and it is submitted
   again at the new size from the checkpoint. The job stays `resharding` until the new engine
   runs.
-- a lost node: Slurm marks it down (after its SlurmdTimeout) and ends or requeues the job. If
-  the nodes left are at least `parallel.min_hosts`, the job is submitted again on that many
-  nodes, without the lost ones (`--exclude`, kept for the job's later submissions), laid out
-  on fewer hosts as the hosts backend does, from the newest checkpoint; a `host_lost` anomaly
-  and a `membership` event say so in its events. Otherwise Slurm's own requeue (`--requeue`)
-  runs it again when it has the nodes, or, where Slurm ended it, the launch fails as any
-  failure does and the platform's policy may resume it.
+- a lost node: Slurm marks it down (after its SlurmdTimeout) and ends or requeues the job. The
+  platform submits it again from the newest checkpoint as soon as it sees the node down (the
+  old job still completing, or requeued, is cancelled): if the nodes left are at least
+  `parallel.min_hosts`, on that many nodes, without the lost ones (`--exclude`, kept for the
+  job's later submissions), laid out on fewer hosts as the hosts backend does (a `host_lost`
+  anomaly and a `membership` event say so in its events); otherwise at its full size, waiting
+  in Slurm's queue (Slurm's reason its waiting reason) until Slurm has the nodes again (a
+  `host_lost` anomaly says so). Slurm's own requeue would do the latter too, but holds the job
+  for its credentials' lifetime (2 minutes) even once the nodes are back, and where Slurm
+  ended the job instead (its ranks failed before Slurm marked the node down) there is none.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from jobs.backends.slurm import (
     hostnames,
     look,
     lost_nodes,
+    node_down_within_s,
     resubmits,
-    slurmd_timeout_s,
     submit,
 )
 from jobs.launch import run_dir
@@ -71,8 +74,7 @@ class SlurmRun:
         self.state = seen.state
         if seen.state == "RUNNING" and seen.nodes != self.placed:
             self.placed, self.nodes = seen.nodes, hostnames(seen.nodes)
-        # pending again after it ran: Slurm requeued it (a node failed)
-        if seen.state in ALIVE and not (self.nodes and seen.state == "PENDING"):
+        if seen.state in ALIVE and not self._stopped(seen):
             self._waiting(seen.reason if seen.state == "PENDING" else "")
             return None
         self._waiting("")
@@ -104,18 +106,26 @@ class SlurmRun:
         self.placed = ""  # the compressed node list they were read from
         self.settle_by: float | None = None  # a failed end waits this long to see a node down
 
+    def _stopped(self, seen: Seen) -> bool:
+        """Whether the Slurm job Slurm still holds stopped running where it ran: pending again
+        (Slurm requeued it), or completing with one of its nodes lost."""
+        if not self.nodes or seen.state == "RUNNING":
+            return False
+        return seen.state == "PENDING" or bool(self._lost())
+
     def _goes_on(self, seen: Seen) -> bool:
-        """Whether the launch goes on now that its Slurm job ended or was requeued: submitted
-        again (at a reshard's size; on the nodes left), or requeued by Slurm."""
+        """Whether the launch goes on now that its Slurm job ended, was requeued or lost a
+        node: submitted again (at a reshard's size; after a lost node), or requeued by Slurm."""
         if seen.code == ExitCode.PAUSED and self._resharded():
             return True
-        if seen.state not in ALIVE and seen.code in CLEAN_ENDS:
+        # a node's failure is never the engine's clean end, whatever code Slurm gives it
+        if seen.state not in ALIVE and seen.code in CLEAN_ENDS and seen.state != "NODE_FAIL":
             return False
         lost = self._lost()
         if lost is None:
             return True  # Slurm has not yet said whether a node is down
-        if lost and self._without(lost):
-            return True
+        if lost and self._steerable():
+            return self._after_loss(lost)
         if seen.state in ALIVE:  # requeued by Slurm: it runs again when Slurm has the nodes
             log.warning("job %s: Slurm requeued %s (lost: %s)", self.job.pk, self.ref, lost)
             self.placed, self.nodes = "", []
@@ -124,14 +134,14 @@ class SlurmRun:
 
     def _lost(self) -> list[str] | None:
         """The nodes of a multi-node run that Slurm holds down; None while Slurm may still be
-        finding out (up to twice its SlurmdTimeout after the end)."""
+        finding out (`node_down_within_s` after the end)."""
         if len(self.nodes) < 2:
             return []
         lost = lost_nodes(self.nodes)
         if lost:
             return lost
         if self.settle_by is None:
-            self.settle_by = time.monotonic() + 2 * slurmd_timeout_s() + 5
+            self.settle_by = time.monotonic() + node_down_within_s()
         return None if time.monotonic() < self.settle_by else []
 
     def _steerable(self) -> bool:
@@ -154,25 +164,33 @@ class SlurmRun:
         log.info("job %s: reshard onto %s node(s): a new submission", job.pk, layout["hosts"])
         return self._submit_again()
 
-    def _without(self, lost: list[str]) -> bool:
-        """Submit the job again on the nodes left, if `parallel.min_hosts` allows."""
+    def _after_loss(self, lost: list[str]) -> bool:
+        """Submit the job again from its newest checkpoint: on the nodes left, without the lost
+        ones, if `parallel.min_hosts` allows; else at its full size, to wait in Slurm's queue
+        until Slurm has the nodes again."""
         job, before = self.job, list(self.nodes)
-        left = len(before) - len(lost)
-        if not self._steerable() or left < (parse_spec(job.spec).parallel.min_hosts or 1):
-            return False
+        if self.state in ALIVE:
+            self.signal_all(signal.SIGKILL)  # completing, or Slurm's requeue: ours replaces it
+        spec = self._on_nodes_left(len(before) - len(lost))
+        if spec is not None:
+            exclude = sorted(set(job.backend_options.get("exclude", [])) | set(lost))
+            Job.objects.filter(pk=job.pk).update(
+                spec=spec, backend_options={**job.backend_options, "exclude": exclude})
+            job.refresh_from_db()
+        announce_loss(job, before, lost, went_on=spec is not None)
+        return self._submit_again()
+
+    def _on_nodes_left(self, left: int) -> dict | None:
+        """The job's spec laid out on the `left` nodes; None if `parallel.min_hosts` or its
+        global batch does not allow it."""
+        job = self.job
+        if left < (parse_spec(job.spec).parallel.min_hosts or 1):
+            return None
         try:
-            spec = layout_on_hosts(job.spec, left)
+            return layout_on_hosts(job.spec, left)
         except SpecError as error:  # the global batch does not divide over fewer ranks
             log.warning("job %s: cannot go on on %s node(s): %s", job.pk, left, error)
-            return False
-        if self.state in ALIVE:
-            self.signal_all(signal.SIGKILL)  # Slurm's requeue of it: ours replaces it
-        exclude = sorted(set(job.backend_options.get("exclude", [])) | set(lost))
-        Job.objects.filter(pk=job.pk).update(
-            spec=spec, backend_options={**job.backend_options, "exclude": exclude})
-        job.refresh_from_db()
-        announce_loss(job, before, lost)
-        return self._submit_again()
+            return None
 
     def _submit_again(self) -> bool:
         """Submit the job as its spec says now and follow that; False, the job failed with
@@ -191,20 +209,25 @@ class SlurmRun:
                 waiting_reason=f"Slurm holds it pending: {reason}" if reason else "")
 
 
-def announce_loss(job: Job, before: list[str], lost: list[str]) -> None:
-    """Publish the lost nodes into the job's events (a `host_lost` anomaly, then the
-    `membership` change), as the hosts backend does for a lost host."""
+def announce_loss(job: Job, before: list[str], lost: list[str], went_on: bool) -> None:
+    """Publish the lost nodes into the job's events, as the hosts backend does for a lost
+    host: a `host_lost` anomaly, then, if it `went_on` on the nodes left, the `membership`
+    change."""
     after = [name for name in before if name not in lost]
     reason = (f"Slurm node(s) {', '.join(lost)} lost: submitted again on {len(after)} node(s) "
-              "without them (--exclude), from the newest checkpoint")
+              "without them (--exclude), from the newest checkpoint" if went_on else
+              f"Slurm node(s) {', '.join(lost)} lost, and the {len(after)} left are fewer than "
+              f"parallel.min_hosts: submitted again on {len(before)} node(s), to go on from the "
+              "newest checkpoint once Slurm has them")
     log.warning("job %s: %s", job.pk, reason)
     events = EventLog(str(job.pk), run_dir(job) / "events.jsonl", settings.REDIS_URL)
     try:
         events.emit(AnomalyEvent(step=job.step, kind=AnomalyKind.HOST_LOST, severity="error",
                                  evidence={"lost": lost, "reason": reason}))
-        events.emit(MembershipEvent(step=job.step, hosts_before=before, hosts_after=after,
-                                    world_size=parse_spec(job.spec).parallel.world_size,
-                                    reason=reason))
+        if went_on:
+            events.emit(MembershipEvent(step=job.step, hosts_before=before, hosts_after=after,
+                                        world_size=parse_spec(job.spec).parallel.world_size,
+                                        reason=reason))
     finally:
         events.close()
 

@@ -10,8 +10,9 @@ slurmd in each of two emulated hosts' namespaces) with a real worker on a login 
   same job on Ringside's own hosts; one near its time limit is warned (SIGUSR1), checkpoints,
   is submitted again from there and completes; a paused one gives its allocation back, and
   its resume and a reshard onto one node are new submissions; one that loses a node mid-run
-  (its slurmd and ranks killed) goes on on the other; every step is stored once (minutes on
-  two cores each: `make bench`);
+  (its slurmd and ranks killed) goes on on the other, or, when `min_hosts` needs both, waits
+  in Slurm's queue at its full size until the node is back; every step is stored once
+  (minutes on two cores each: `make bench`);
 - a reshard onto another host count is refused for a job on Ringside's own hosts.
 """
 
@@ -258,6 +259,40 @@ def test_a_node_lost_mid_run_goes_on_on_the_survivor_with_every_step_stored_once
     membership = Event.objects.get(job=job, type="membership")
     assert membership.data["hosts_after"] == [slurm_platform.node(0)], membership.data
     assert stored_steps(job) == list(range(1, steps + 1))
+
+
+@pytest.mark.bench
+def test_a_node_lost_with_too_few_left_waits_in_slurms_queue_and_goes_on_once_it_is_back(
+        slurm_platform, api, eventually):
+    steps = 8
+    body = {**spec("whole", 2, steps), "backend": "slurm"}
+    body["parallel"]["min_hosts"] = 2
+    created = api.post("/api/jobs/", body, format="json")
+    assert created.status_code == 201, created.json()
+    job = Job.objects.get(pk=created.json()["id"])
+    trained(job, 4, slurm_platform, eventually)  # past its first checkpoint (step 3)
+    first = Job.objects.get(pk=job.pk).backend_ref
+    slurm_platform.kill_node(1)
+
+    def waits_for_nodes() -> bool:
+        now = Job.objects.get(pk=job.pk)
+        return now.backend_ref != first and now.waiting_reason.startswith(
+            "Slurm holds it pending:")
+    eventually(waits_for_nodes, START_S, lambda: diagnosis(job, slurm_platform))
+    job.refresh_from_db()
+    assert job.state == State.RUNNING  # not failed: it goes on once Slurm has the nodes
+    assert job.spec["parallel"]["hosts"] == 2 and "exclude" not in job.backend_options
+    # cancelled, not requeued by Slurm: two of its jobs would train into one run folder
+    eventually(lambda: look(first)[0] == "CANCELLED", 30, lambda: str(look(first)))
+    assert Event.objects.filter(job=job, type="anomaly", data__kind="host_lost").exists()
+
+    slurm_platform.start_node(1)
+    job = finished(job, slurm_platform, eventually, 2 * START_S)
+    assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
+    assert job.waiting_reason == ""
+    assert sorted(slurm_platform.client("scontrol", "show", "hostnames", nodes_of(
+        slurm_platform, job.backend_ref)).split()) == [slurm_platform.node(h) for h in range(2)]
+    assert stored_steps(job) == list(range(1, steps + 1))  # every step once
 
 
 def trained(job: Job, steps: int, cluster, eventually) -> None:
