@@ -236,18 +236,26 @@ def test_a_reshard_onto_another_host_count_is_refused_for_a_job_on_ringsides_hos
     assert "hosts" in refused.json(), refused.json()
 
 
+def node_lost_mid_run(name: str, steps: int, min_hosts: int, slurm_platform, api,
+                      eventually) -> tuple[Job, str]:
+    """A 2-node job past its first checkpoint (step 3) whose node 1 is then killed; the job
+    and its Slurm job's id before the loss."""
+    body = {**spec(name, 2, steps), "backend": "slurm"}
+    body["parallel"]["min_hosts"] = min_hosts
+    created = api.post("/api/jobs/", body, format="json")
+    assert created.status_code == 201, created.json()
+    job = Job.objects.get(pk=created.json()["id"])
+    trained(job, 4, slurm_platform, eventually)
+    first = Job.objects.get(pk=job.pk).backend_ref
+    slurm_platform.kill_node(1)
+    return job, first
+
+
 @pytest.mark.bench
 def test_a_node_lost_mid_run_goes_on_on_the_survivor_with_every_step_stored_once(
         slurm_platform, api, eventually):
     steps = 30
-    body = {**spec("lossy", 2, steps), "backend": "slurm"}
-    body["parallel"]["min_hosts"] = 1
-    created = api.post("/api/jobs/", body, format="json")
-    assert created.status_code == 201, created.json()
-    job = Job.objects.get(pk=created.json()["id"])
-    trained(job, 4, slurm_platform, eventually)  # past its first checkpoint (step 3)
-    first = Job.objects.get(pk=job.pk).backend_ref
-    slurm_platform.kill_node(1)
+    job, first = node_lost_mid_run("lossy", steps, 1, slurm_platform, api, eventually)
     lost = slurm_platform.node(1)
     eventually(lambda: Job.objects.get(pk=job.pk).backend_ref != first, START_S,
                lambda: diagnosis(job, slurm_platform))
@@ -265,14 +273,7 @@ def test_a_node_lost_mid_run_goes_on_on_the_survivor_with_every_step_stored_once
 def test_a_node_lost_with_too_few_left_waits_in_slurms_queue_and_goes_on_once_it_is_back(
         slurm_platform, api, eventually):
     steps = 8
-    body = {**spec("whole", 2, steps), "backend": "slurm"}
-    body["parallel"]["min_hosts"] = 2
-    created = api.post("/api/jobs/", body, format="json")
-    assert created.status_code == 201, created.json()
-    job = Job.objects.get(pk=created.json()["id"])
-    trained(job, 4, slurm_platform, eventually)  # past its first checkpoint (step 3)
-    first = Job.objects.get(pk=job.pk).backend_ref
-    slurm_platform.kill_node(1)
+    job, first = node_lost_mid_run("whole", steps, 2, slurm_platform, api, eventually)
 
     def waits_for_nodes() -> bool:
         now = Job.objects.get(pk=job.pk)
