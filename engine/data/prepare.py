@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -100,6 +101,10 @@ def _init_worker(tokenizer: Tokenizer, roots: Sequence[str], process: bool = Tru
     global _worker
     if process:  # one core per worker process; in the caller's, the tokenizer's own threads
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # A fork inherits the caller's Python SIGTERM handler (torch's elastic launcher sets one
+        # that runs only between bytecodes), and a worker in native code would then outlive
+        # Pool.terminate: the default ends it wherever it is.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker = (tokenizer, tuple(roots))
 
 
@@ -134,9 +139,13 @@ class _Workers:
             return map(_tokenize, todo)
         return self.pool.imap(_tokenize, todo)
 
-    def close(self) -> None:
+    def close(self, done: bool) -> None:
+        """Done: the workers end when the queue runs dry; otherwise they are stopped now."""
         if self.pool is not None:
-            self.pool.terminate()
+            if done:
+                self.pool.close()
+            else:
+                self.pool.terminate()
             self.pool.join()
 
 
@@ -352,6 +361,7 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
         store.make_folder(dest / split)
     run.tick(force=True)
     pool = _Workers(workers, tok, roots, todo[first:])
+    done = False
     try:
         results = pool.map(todo[first:])
         for k in range(len(records), len(groups)):
@@ -360,8 +370,9 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
                    run.tag)
             p.shards_done += 1
             run.tick(force=True)
+        done = True
     finally:
-        pool.close()
+        pool.close(done)
     if p.documents == 1 and every:
         _split_single_document(run, records, holdout)
     if not any(r["train"]["documents"] for r in records):

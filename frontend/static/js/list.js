@@ -98,6 +98,16 @@ function edit(tr, job) {
   tags.focus();
 }
 
+// A reload (the socket's snapshot, on connecting and after a drop) must not throw away a
+// half-written tags or note edit: its row stays, with the cells a push would update.
+function rowKeepingAnOpenEdit(job) {
+  const tr = body.querySelector(`tr[data-job-id="${job.id}"]`);
+  if (!tr?.querySelector(".edit-form")) return row(job);
+  showState(tr, job);
+  lastValues(tr, job);
+  return tr;
+}
+
 // -- the page: filters, sorting, pages -----------------------------------------------------
 function pick(event) {
   if (event.target.checked) picked.add(event.target.value); else picked.delete(event.target.value);
@@ -130,7 +140,7 @@ async function load() {
   if (!ok) { info.textContent = errorText(data, status); return; }
   const jobs = rows(data);
   shown = new Map(jobs.map((job) => [job.id, job]));
-  body.replaceChildren(...jobs.map(row));
+  body.replaceChildren(...jobs.map(rowKeepingAnOpenEdit));
   document.getElementById("no-jobs").hidden = jobs.length > 0;
   info.textContent = data.count ? `${offset + 1}–${offset + jobs.length} of ${data.count}` : "";
   document.getElementById("newer").disabled = offset === 0;

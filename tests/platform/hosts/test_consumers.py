@@ -15,6 +15,7 @@ from django.utils import timezone
 from hosts import live, registry
 from hosts.models import Host
 from ringside.asgi import application
+from tests.platform.sockets import refusal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +67,7 @@ async def next_about(comm, names: tuple[str, ...]) -> dict:
 
 
 async def test_anonymous_sockets_are_refused():
-    assert await socket(AnonymousUser()).connect() == (False, 4401)
+    assert await refusal(socket(AnonymousUser())) == (False, 4401)
 
 
 async def test_another_users_job_is_anonymous_on_the_socket(user, other_user):

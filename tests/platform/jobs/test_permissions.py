@@ -18,6 +18,7 @@ from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, St
 from monitor.ingest import store_events
 from monitor.models import Checkpoint
 from ringside.asgi import application
+from tests.platform.sockets import refusal
 
 pytestmark = pytest.mark.django_db
 
@@ -282,13 +283,13 @@ async def test_a_session_cookie_opens_the_owners_job_socket_and_no_one_elses(use
     snapshot = await owner.receive_json_from(timeout=5)
     assert (snapshot["type"], snapshot["job"]["id"]) == ("snapshot", mine.pk)
     await owner.disconnect()
-    assert await websocket(f"/ws/jobs/{theirs.pk}/", cookie).connect() == (False, 4404)
+    assert await refusal(websocket(f"/ws/jobs/{theirs.pk}/", cookie)) == (False, 4404)
     listing = websocket("/ws/jobs/", cookie)
     assert (await listing.connect())[0]
     assert [j["id"] for j in (await listing.receive_json_from(timeout=5))["jobs"]] == [mine.pk]
     await listing.disconnect()
     forged = "sessionid=" + "x" * 32
-    assert await websocket(f"/ws/jobs/{mine.pk}/", forged).connect() == (False, 4401)
+    assert await refusal(websocket(f"/ws/jobs/{mine.pk}/", forged)) == (False, 4401)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -301,4 +302,4 @@ async def test_a_revoked_token_opens_no_socket(user, small_spec):
     await live.disconnect()
     await database_sync_to_async(token.revoke)()
     for path in (f"/ws/jobs/{job.pk}/", "/ws/jobs/"):
-        assert await websocket(f"{path}?token={token.key}").connect() == (False, 4401), path
+        assert await refusal(websocket(f"{path}?token={token.key}")) == (False, 4401), path

@@ -9,6 +9,7 @@ from engine.runtime.events import EventLog
 from jobs.models import ApiToken
 from monitor.ingest import StreamIngest, store_events
 from ringside.asgi import application
+from tests.platform.sockets import refusal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,18 +24,18 @@ def communicator(job, query="", user=None):
 
 
 async def test_anonymous_clients_are_refused(job):
-    connected, code = await communicator(job, user=AnonymousUser()).connect()
+    connected, code = await refusal(communicator(job, user=AnonymousUser()))
     assert (connected, code) == (False, 4401)
 
 
 async def test_only_the_owner_may_watch_a_job(job, other_user):
-    connected, code = await communicator(job, user=other_user).connect()
+    connected, code = await refusal(communicator(job, user=other_user))
     assert (connected, code) == (False, 4404)
     stranger_token = await database_sync_to_async(ApiToken.objects.create)(user=other_user,
                                                                            name="ws")
-    connected, code = await communicator(job, f"?token={stranger_token.key}").connect()
+    connected, code = await refusal(communicator(job, f"?token={stranger_token.key}"))
     assert (connected, code) == (False, 4404)
-    connected, code = await communicator(job, "?token=" + "f" * 40).connect()
+    connected, code = await refusal(communicator(job, "?token=" + "f" * 40))
     assert (connected, code) == (False, 4401)
 
 
@@ -110,3 +111,4 @@ async def test_a_bad_after_is_answered_with_an_error_naming_it(job, user):
     message = await comm.receive_json_from(timeout=5)
     assert message["type"] == "error" and message["error"].startswith("after:")
     assert (await comm.receive_output(timeout=5))["code"] == 4400
+    await comm.disconnect()

@@ -8,6 +8,7 @@ from channels.testing import WebsocketCommunicator
 from jobs.models import Cause, Job
 from monitor.ingest import forward, store_events
 from ringside.asgi import application
+from tests.platform.sockets import refusal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,7 +126,7 @@ async def test_the_list_socket_pushes_state_changes_of_the_users_jobs_only(
 async def test_the_list_socket_refuses_anonymous_clients():
     from django.contrib.auth.models import AnonymousUser
 
-    assert await socket("/ws/jobs/", AnonymousUser()).connect() == (False, 4401)
+    assert await refusal(socket("/ws/jobs/", AnonymousUser())) == (False, 4401)
 
 
 async def test_an_idle_list_socket_outlives_the_channel_layers_blocking_read(job, user):

@@ -14,6 +14,7 @@ from websockets.sync.client import connect
 
 from jobs.models import ApiToken
 from ringside.asgi import application
+from tests.platform.sockets import refusal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,7 +48,7 @@ async def test_a_channel_layer_timeout_on_connect_closes_the_socket_with_one_log
     token = await database_sync_to_async(ApiToken.objects.create)(user=user, name="ws")
     comm = WebsocketCommunicator(application, path.format(job=job.pk) + f"?token={token.key}")
     with caplog.at_level(logging.WARNING, logger="common.sockets"):
-        connected, code = await comm.connect()
+        connected, code = await refusal(comm)
     assert (connected, code) == (False, 1011)
     assert [r.getMessage() for r in caplog.records] == [
         f"websocket {path.format(job=job.pk)} closed: channel layer failed "
