@@ -33,6 +33,8 @@ class Scalars:
     step: int
     time: float
     values: dict[str, float]
+    # a checkpoint's scores, at its step: they arrive after later training steps
+    evaluation: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def _record(event: dict[str, Any], e: contract.Event) -> Record | None:
     if isinstance(e, contract.CheckpointEvent):
         return CheckpointLink(e.step, e.time, e.tier, e.path)
     if isinstance(e, contract.EvaluationEvent):
-        return Scalars(e.step, e.time, evaluation_series(e))
+        return Scalars(e.step, e.time, evaluation_series(e), evaluation=True)
     return None
 
 

@@ -30,6 +30,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 MLFLOW_BATCH = 1000  # metrics (and params, tags) per log_batch request: the server's limit
 MLFLOW_PARAMS = 100
 MLFLOW_PARAM_CHARS = 6000
+WANDB_CHECKPOINT_STEP = "checkpoint_step"  # the x-axis of the `eval/` series
 
 
 class TrackerError(RuntimeError):
@@ -176,10 +177,16 @@ class WandB:
                                     silent=True, console="off", save_code=False,
                                     disable_git=True, x_disable_stats=True,
                                     x_disable_machine_info=True))
+        # W&B takes a run's rows in step order only, and a checkpoint is evaluated while
+        # training goes on: its scores join the newest row, charted by their own step
+        self.run.define_metric(WANDB_CHECKPOINT_STEP)
+        self.run.define_metric("eval/*", step_metric=WANDB_CHECKPOINT_STEP)
 
     def write(self, records: list[Record]) -> None:
         for r in records:
-            if isinstance(r, Scalars):
+            if isinstance(r, Scalars) and r.evaluation:
+                self.run.log({**r.values, WANDB_CHECKPOINT_STEP: r.step}, commit=False)
+            elif isinstance(r, Scalars):
                 self.run.log(r.values, step=r.step)
             elif isinstance(r, Note):
                 self.run.log({r.tag: r.text}, step=r.step)

@@ -1,11 +1,14 @@
-"""The W&B sink offline (no network): run files for `wandb sync`, one run id across launches."""
+"""The W&B sink offline (no network): run files for `wandb sync`, one run id across launches,
+and a checkpoint's scores kept though they arrive after later training steps."""
 
 import pytest
 
 from jobs.launch import run_dir
+from monitor.sinks import evaluations
 from monitor.sinks.consumer import SinkConsumer
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from tests.platform.monitor.sinks.conftest import publish_run, write_all
+from tests.platform.monitor.sinks.test_evaluations import finished_evaluation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,3 +53,20 @@ def test_online_without_an_api_key_says_what_to_set(job, bus, platform_redis_url
     sink.refresh_from_db()
     assert sink.state == SinkState.FAILING
     assert "PUT /api/me/secrets/wandb_api_key/" in sink.last_error
+
+
+def test_a_checkpoints_evaluation_is_kept_at_its_step_after_later_training_steps(
+        job, bus, platform_redis_url):
+    sink = Sink.objects.create(job=job, kind=SinkKind.WANDB,
+                               config={"kind": "wandb", "mode": "offline", "project": "moe"})
+    publish_run(job, platform_redis_url)  # steps 1-6, the checkpoint at step 4
+    evaluations.publish(finished_evaluation(job))
+    publish_run(job, platform_redis_url, steps=[7])  # training went on: step 6's row is done
+    consumer = write_all(sink, bus)
+
+    summary = consumer.tracker.run.summary  # the finished rows, from W&B's own service
+    assert summary["eval/heldout/web/perplexity"] == pytest.approx(12.18)
+    assert summary["eval/tasks/letters/accuracy"] == pytest.approx(0.75)
+    assert (summary["checkpoint_step"], summary["_step"]) == (4, 6)
+    assert summary["loss"] == pytest.approx(1.0)  # step 6's: no training row was lost
+    consumer.close()
