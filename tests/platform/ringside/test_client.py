@@ -27,6 +27,7 @@ from websockets.exceptions import ConnectionClosedError
 from common.services import REPO_ROOT
 from engine.checkpoint.layout import MANIFEST
 from engine.contract import STRATEGIES
+from jobs.confinement import uploads_dir
 from jobs.models import (
     ApiToken,
     Cause,
@@ -39,8 +40,9 @@ from jobs.models import (
     token_digest,
 )
 from monitor.models import Checkpoint
-from ringside.client import ApiError, Client, api, config
+from ringside.client import ApiError, Client, api, cli, config
 from ringside.client.cli import main
+from tests.platform.jobs.test_evaluations import TASKS, trained_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -301,6 +303,25 @@ def test_evaluate_queues_an_evaluation_and_a_task_file_outside_the_roots_is_refu
     record = json.loads(run.out)
     assert (record["state"], record["heldout_windows"], record["tasks"]) == ("pending", 4, "")
     assert Evaluation.objects.get(checkpoint=disk).pk == record["id"]
+
+
+def test_evaluate_wait_shows_the_items_scored_on_stderr_until_done(
+        ringside, user, tmp_path, celery_worker, monkeypatch):
+    monkeypatch.setattr(cli, "EXPORT_POLL_S", 0.2)
+    job, checkpoint = trained_checkpoint(user, tmp_path)
+    (uploads_dir(user) / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+
+    run = ringside("--json", "checkpoints", "evaluate", job.pk, checkpoint.pk, "--tasks",
+                   "tasks.jsonl", "--heldout-windows", 2, "--wait")
+    assert run.code == 0, f"{run.err}; worker log: {celery_worker.log_path}"
+    record = json.loads(run.out)  # stdout: the finished record alone
+    assert (record["state"], record["items_done"], record["items_total"]) == ("done", 5, 5)
+    progress = [re.fullmatch(r"(pending|running|done): (\d+)/5 items scored", line)
+                for line in run.err.splitlines()]
+    assert all(progress), run.err
+    scored = [int(p[2]) for p in progress]
+    assert scored == sorted(scored) and progress[-1][0] == "done: 5/5 items scored"
+    assert len(progress) == len({p[0] for p in progress})  # a line only when it changed
 
 
 def test_refusals_name_their_fields_and_exit_5(ringside, user, small_spec, tmp_path):
