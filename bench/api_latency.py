@@ -47,8 +47,7 @@ def seed(platform: Platform, jobs: int, users: int) -> dict[str, tuple[str, list
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from jobs.models import ApiToken, Command, Job, JobEvent
-    from monitor.models import Checkpoint
+    from jobs.models import ApiToken, Checkpoint, Command, Job, JobEvent
 
     owners = [platform.user] + [
         get_user_model().objects.create_user(f"{platform.user.username}-{i}")

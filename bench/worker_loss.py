@@ -162,8 +162,7 @@ def submit(job_id: int) -> None:
 
 def trained_past_a_checkpoint(job_id: int, checkpoint_every: int) -> bool:
     """Stored a disk checkpoint and some steps after it, so a resume trains steps again."""
-    from jobs.models import Job
-    from monitor.models import Checkpoint
+    from jobs.models import Checkpoint, Job
 
     return (Checkpoint.objects.filter(job_id=job_id).exists()
             and Job.objects.get(pk=job_id).step > checkpoint_every + 10)

@@ -65,7 +65,7 @@ from jobs.errors import (
 )
 from jobs.idempotency import idempotent
 from jobs.mixtures import mixtures
-from jobs.models import Evaluation, Export, IllegalTransition, Job, State
+from jobs.models import Checkpoint, Evaluation, Export, IllegalTransition, Job, State
 from jobs.permissions import audit, request_cause, visible_jobs
 from jobs.policy import PlatformPolicy
 from jobs.serializers import (
@@ -82,7 +82,6 @@ from jobs.serializers import (
     ProposalSerializer,
 )
 from jobs.telemetry import telemetry
-from monitor.models import Checkpoint
 
 
 class Conflict(APIException):

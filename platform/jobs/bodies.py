@@ -24,8 +24,7 @@ from engine.runtime.spec import (
     share_errors,
     validate_settings,
 )
-from jobs.models import Job
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Job
 
 
 def job_checkpoint(job: Job, checkpoint_id: int) -> Checkpoint:

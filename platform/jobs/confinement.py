@@ -26,9 +26,8 @@ from engine.contract import CheckpointTier, is_url
 from engine.runtime.spec import OUTSIDE, SpecError, expand, glob_base, is_under
 from jobs.bodies import job_checkpoint
 from jobs.mixtures import mixtures
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from jobs.permissions import visible_jobs
-from monitor.models import Checkpoint
 
 CHECKPOINT_DIR = ("set by the platform: a job's checkpoints live in the storage it assigns "
                   "(to start from a checkpoint, use model.init_from {\"job\": ID, "

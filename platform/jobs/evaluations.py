@@ -41,10 +41,9 @@ from engine.runtime.spec import BOUNDS, EvalSpec
 from hosts.models import Host
 from jobs import confinement
 from jobs.launch import engine_spec
-from jobs.models import Evaluation, ExportState, Job
+from jobs.models import Checkpoint, Evaluation, ExportState, Job
 from jobs.placement import free_slots, queue, shape
 from jobs.telemetry import telemetry
-from monitor.models import Checkpoint
 
 EVALUATION_TIMEOUT_S = 3600.0
 CHUNK_ITEMS = 8

@@ -19,8 +19,7 @@ from django.db import transaction
 
 from common.services import engine_env, python_module
 from engine.contract import CheckpointTier
-from jobs.models import Export, ExportState, Job
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Export, ExportState, Job
 
 EXPORT_TIMEOUT_S = 3600.0
 

@@ -1,13 +1,13 @@
-"""A job's history as the engine's stored `action` events tell it: the live settings in force
-over time (`set` commands, and the rollbacks that restored a checkpoint's), and which of its
-checkpoints a rollback abandoned."""
+"""A job's history as the engine's stored `action` events tell it (read through
+jobs.telemetry): the live settings in force over time (`set` commands, and the rollbacks that
+restored a checkpoint's), and which of its checkpoints a rollback abandoned."""
 
 from __future__ import annotations
 
-from engine.contract import CommandKind
+from engine.contract import ActionName, CommandKind
 from engine.runtime.spec import launched_values, parse_spec
-from jobs.models import Job
-from monitor.models import Action, Checkpoint
+from jobs.models import Checkpoint, Job
+from jobs.telemetry import telemetry
 
 LIVE = "live"
 ABANDONED = "abandoned"
@@ -23,15 +23,16 @@ def settings_history(job: Job) -> dict:
     history: list[dict] = []
     in_force: list[dict] = []  # the set entries in force, oldest first
     effective = launched
-    for row in Action.objects.filter(job=job, action__in=("set", "rollback")).order_by("seq"):
-        if row.action == "set":
-            entry = {"step": row.step, "changes": row.details.get("changes", {}),
-                     "by": by.get(row.command, row.by)}
+    for row in telemetry().actions(job.pk, (ActionName.SET, ActionName.ROLLBACK)):
+        details = row["details"]
+        if row["action"] == ActionName.SET:
+            entry = {"step": row["step"], "changes": details.get("changes", {}),
+                     "by": by.get(row["command"], row["by"])}
             in_force.append(entry)
-        elif row.details.get("settings") == "restored":
-            to_step = int(row.details.get("to_step", 0))
+        elif details.get("settings") == "restored":
+            to_step = int(details.get("to_step", 0))
             in_force = [e for e in in_force if e["step"] < to_step]
-            entry = {"step": row.step, "changes": {}, "by": "rollback"}
+            entry = {"step": row["step"], "changes": {}, "by": "rollback"}
         else:
             continue
         now = {**launched, **{k: c["new"] for e in in_force for k, c in e["changes"].items()}}
@@ -45,8 +46,9 @@ def settings_history(job: Job) -> dict:
 
 def rollbacks(job_id: int) -> list[tuple[int, int]]:
     """(seq, to_step) of each rollback the engine carried out for the job."""
-    found = Action.objects.filter(job_id=job_id, action="rollback").values_list("seq", "details")
-    return [(seq, details["to_step"]) for seq, details in found if "to_step" in details]
+    return [(row["seq"], row["details"]["to_step"])
+            for row in telemetry().actions(job_id, (ActionName.ROLLBACK,))
+            if "to_step" in row["details"]]
 
 
 def branch(checkpoint: Checkpoint, job_rollbacks: list[tuple[int, int]]) -> str:

@@ -31,7 +31,16 @@ from engine.contract import ActionBy, ActionEvent, ActionName
 from jobs.commands import issue
 from jobs.dispatch import dispatch
 from jobs.launch import resume_point
-from jobs.models import Cause, CommandKind, IllegalTransition, Job, JobEvent, Quota, State
+from jobs.models import (
+    Cause,
+    Checkpoint,
+    CommandKind,
+    IllegalTransition,
+    Job,
+    JobEvent,
+    Quota,
+    State,
+)
 from jobs.telemetry import telemetry
 from jobs.webhooks import notify
 
@@ -119,7 +128,7 @@ def storage_pause(job: Job) -> None:
     limit = Quota.limits_of(job.owner).checkpoint_bytes
     if limit is None:
         return
-    stored = telemetry().stored_checkpoint_bytes(job.owner_id)
+    stored = Checkpoint.stored_bytes_of(job.owner_id)
     job.refresh_from_db(fields=["state"])
     if stored <= limit or job.state != State.RUNNING:
         return

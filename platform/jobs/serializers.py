@@ -18,6 +18,7 @@ from jobs.backends import options as backend_options
 from jobs.models import (
     ApiToken,
     AuditEntry,
+    Checkpoint,
     Command,
     Evaluation,
     Export,
@@ -29,7 +30,6 @@ from jobs.models import (
 )
 from jobs.policy import PlatformPolicy, PolicyError
 from jobs.telemetry import telemetry
-from monitor.models import Checkpoint
 
 
 class JobEventSerializer(serializers.ModelSerializer):

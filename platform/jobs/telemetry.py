@@ -1,9 +1,9 @@
 """What jobs needs of the monitoring of its runs: the job's ingest (bus → database →
 websockets), which a supervisor pumps and whose stored events it acts on; the metric sinks that
 follow the stream beside it (which a job-create body names and a job's detail shows); what the
-platform's fault policy, proposals and calibration read of what a run reported. The `monitor`
-app, which builds on this one, provides them when it is ready (monitor.apps, monitor.provided),
-so these modules of jobs import none of monitor."""
+platform's fault policy, proposals, calibration and history (jobs.history) read of what a run
+reported. The `monitor` app, which builds on this one, provides them when it is ready
+(monitor.apps, monitor.provided), so these modules of jobs import none of monitor."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ class Telemetry(Protocol):
         """The actions the engine's fault policy took in the job since `since` (a timestamp),
         those named in `passive` aside."""
 
-    def stored_checkpoint_bytes(self, owner_id: int) -> int:
-        """The bytes of the owner's checkpoints still stored (retention deletes old ones)."""
+    def actions(self, job_id: int, names: Collection[str]) -> list[dict[str, Any]]:
+        """The engine's stored actions of the job named in `names`, oldest first: each its
+        `seq`, `step`, `action`, `by`, `command` and `details`."""
 
     def events_data(self, job_id: int, event_type: str) -> list[dict[str, Any]]:
         """What the job's stored events of `event_type` say, oldest first."""

@@ -28,11 +28,11 @@ from rest_framework.views import APIView
 
 from engine.contract import CONTENT_TYPE, BadBatchEvent, labels
 from jobs.errors import BAD_QUERY, ERRORS
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from jobs.permissions import visible_jobs
 from jobs.serializers import JobEventSerializer
 from monitor import goodput, lineage
-from monitor.models import Anomaly, Checkpoint, Event
+from monitor.models import Anomaly, Event
 from monitor.series import (
     DEFAULT_MAX_POINTS,
     MAX_POINTS_LIMIT,

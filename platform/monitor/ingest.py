@@ -42,18 +42,9 @@ from django.db import connection, transaction
 from django.db.models import Exists
 
 from engine import contract
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from monitor import goodput, pushes
-from monitor.models import (
-    Action,
-    Anomaly,
-    Checkpoint,
-    Event,
-    ExpertLoad,
-    MetricPoint,
-    OpsSample,
-    json_text,
-)
+from monitor.models import Action, Anomaly, Event, ExpertLoad, MetricPoint, OpsSample, json_text
 
 log = logging.getLogger(__name__)
 

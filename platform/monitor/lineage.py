@@ -7,8 +7,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from jobs.models import Checkpoint
 from jobs.permissions import visible_jobs
-from monitor.models import Checkpoint
 
 
 def resolved(checkpoint: Checkpoint, user: AbstractBaseUser) -> dict[str, Any]:

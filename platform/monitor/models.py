@@ -10,16 +10,15 @@ by step or by kind are also stored in a typed form:
 - `OpsSample`, `ExpertLoad`: one row per (job, step) each, for the per-op timing table and the
   expert-load heatmap, pointing at the event that holds the payload. A step trained again
   (after a restart or a rollback) replaces its row.
-- `Anomaly`, `Action`, `Checkpoint`: one row per event (unique per job and sequence number),
-  with the fields the markers and feeds filter on as columns.
+- `Anomaly`, `Action`: one row per event (unique per job and sequence number), with the
+  fields the markers and feeds filter on as columns. (A `checkpoint` event's row is the jobs
+  app's `Checkpoint`: exports, evaluations and rollbacks are made from it.)
 """
 
 from __future__ import annotations
 
 import orjson
 from django.db import models
-
-from engine.runtime.spec import present
 
 
 def json_text(value) -> str:
@@ -151,32 +150,6 @@ class Action(models.Model):
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="action_once")]
         indexes = [models.Index(fields=["job", "command"])]
-
-
-class Checkpoint(models.Model):
-    job = _job_key("stored_checkpoints")
-    seq = models.PositiveBigIntegerField()
-    step = models.PositiveIntegerField()
-    time = models.FloatField()
-    path = models.CharField(max_length=1024)
-    tier = models.CharField(max_length=16, blank=True, help_text='"disk" or "memory"')
-    size_bytes = models.PositiveBigIntegerField(null=True)
-    strategy = models.CharField(max_length=8, blank=True)
-    world_size = models.PositiveIntegerField(null=True)
-    blocking_s = models.FloatField(null=True, help_text="how long training waited for it")
-    lineage = models.JSONField(null=True, help_text="what made it (engine.runtime.lineage); "
-                                                    "null for one saved before lineages")
-
-    @property
-    def available(self) -> bool:
-        """Still stored (its manifest is there: on disk, in the memory tier or in an object
-        store): the engine's retention (checkpoint.keep) deletes old ones, and their rows stay
-        as the job's history."""
-        return present(self.path)
-
-    class Meta:
-        ordering = ["job", "seq"]
-        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="checkpoint_once")]
 
 
 class Goodput(models.Model):

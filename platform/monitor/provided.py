@@ -12,7 +12,7 @@ from rest_framework import serializers
 from engine.contract import ActionBy
 from monitor import pushes
 from monitor.ingest import StreamIngest, forward
-from monitor.models import Action, Checkpoint, Event, OpsSample
+from monitor.models import Action, Event, OpsSample
 from monitor.sinks import consumer as sinks
 from monitor.sinks import evaluations as evaluation_sinks
 from monitor.sinks import options as sink_options
@@ -52,9 +52,9 @@ def policy_actions_since(job_id: int, since: float, passive: Collection[str]) ->
         action__in=passive).count()
 
 
-def stored_checkpoint_bytes(owner_id: int) -> int:
-    return sum(c.size_bytes or 0 for c in Checkpoint.objects.filter(
-        job__owner_id=owner_id, size_bytes__gt=0) if c.available)
+def actions(job_id: int, names: Collection[str]) -> list[dict[str, Any]]:
+    return list(Action.objects.filter(job_id=job_id, action__in=names).order_by("seq").values(
+        "seq", "step", "action", "by", "command", "details"))
 
 
 def events_data(job_id: int, event_type: str) -> list[dict[str, Any]]:

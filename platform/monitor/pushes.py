@@ -20,9 +20,9 @@ from typing import Any
 
 from engine import contract
 from jobs import history
-from jobs.models import Command, Job
+from jobs.models import Checkpoint, Command, Job
 from jobs.serializers import CheckpointSerializer, CommandSerializer
-from monitor.models import Checkpoint, Event
+from monitor.models import Event
 
 # the checkpoints a message lists, newest: as many as the snapshot's checkpoint events
 CHECKPOINTS_LISTED = 500

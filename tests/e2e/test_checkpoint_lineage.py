@@ -5,9 +5,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from engine.checkpoint.layout import MANIFEST
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from monitor.ingest import store_events
-from monitor.models import Checkpoint
 from tests.e2e.session import log_in
 from tests.platform.monitor.test_lineage import ORIGIN, saved
 

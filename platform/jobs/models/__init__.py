@@ -1,6 +1,6 @@
 """The jobs app's models, one module per concern: a job and its lifecycle (job), the commands
-that steer it (command), what is made from its checkpoints (artifacts), and access to the API
-(access). Every model is importable from here, as Django and the migrations expect."""
+that steer it (command), its checkpoints and what is made from them (artifacts), and access
+to the API (access). Every model is importable from here, as Django and the migrations expect."""
 
 from jobs.models.access import (
     ApiToken,
@@ -12,7 +12,7 @@ from jobs.models.access import (
     _new_key,
     token_digest,
 )
-from jobs.models.artifacts import Evaluation, Export, ExportState
+from jobs.models.artifacts import Checkpoint, Evaluation, Export, ExportState
 from jobs.models.command import Command, CommandState
 from jobs.models.job import (
     STEERED,
@@ -33,7 +33,7 @@ from jobs.models.job import (
 
 __all__ = [
     "STEERED", "SUPERVISED", "TERMINAL", "TRANSITIONS", "UNPLACED", "ApiToken", "AuditEntry",
-    "Cause", "Command", "CommandKind", "CommandState", "Evaluation", "Export", "ExportState",
-    "IdempotencyKey", "IllegalTransition", "Job", "JobEvent", "Limits", "Quota", "Reservation",
-    "ReservationQuerySet", "S", "State", "Webhook", "_new_key", "token_digest",
+    "Cause", "Checkpoint", "Command", "CommandKind", "CommandState", "Evaluation", "Export",
+    "ExportState", "IdempotencyKey", "IllegalTransition", "Job", "JobEvent", "Limits", "Quota",
+    "Reservation", "ReservationQuerySet", "S", "State", "Webhook", "_new_key", "token_digest",
 ]

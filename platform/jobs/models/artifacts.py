@@ -1,9 +1,51 @@
-"""What is made from a checkpoint on a worker: its `Export` as a model folder
-(jobs.exports) and its `Evaluation`s (jobs.evaluations)."""
+"""A job's checkpoints, as the ingest stores their events, and what is made from one on a
+worker: its `Export` as a model folder (jobs.exports) and its `Evaluation`s (jobs.evaluations)."""
 
 from __future__ import annotations
 
 from django.db import models
+
+from engine.runtime.spec import present
+
+
+class Checkpoint(models.Model):
+    """One `checkpoint` event of a job (unique per job and sequence number), stored by the
+    ingest (monitor.ingest) like the other event rows."""
+
+    # as monitor's event rows: no index (the unique one starts with the job) and no
+    # constraint checked at each of the ingest's inserts (monitor.models._job_key)
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE,
+                            related_name="stored_checkpoints", db_index=False,
+                            db_constraint=False)
+    seq = models.PositiveBigIntegerField()
+    step = models.PositiveIntegerField()
+    time = models.FloatField()
+    path = models.CharField(max_length=1024)
+    tier = models.CharField(max_length=16, blank=True, help_text='"disk" or "memory"')
+    size_bytes = models.PositiveBigIntegerField(null=True)
+    strategy = models.CharField(max_length=8, blank=True)
+    world_size = models.PositiveIntegerField(null=True)
+    blocking_s = models.FloatField(null=True, help_text="how long training waited for it")
+    lineage = models.JSONField(null=True, help_text="what made it (engine.runtime.lineage); "
+                                                    "null for one saved before lineages")
+
+    @property
+    def available(self) -> bool:
+        """Still stored (its manifest is there: on disk, in the memory tier or in an object
+        store): the engine's retention (checkpoint.keep) deletes old ones, and their rows stay
+        as the job's history."""
+        return present(self.path)
+
+    @classmethod
+    def stored_bytes_of(cls, owner_id: int) -> int:
+        """The bytes of the owner's checkpoints still stored (retention deletes old ones)."""
+        return sum(c.size_bytes or 0 for c in cls.objects.filter(
+            job__owner_id=owner_id, size_bytes__gt=0) if c.available)
+
+    class Meta:
+        db_table = "monitor_checkpoint"  # the monitor app's until it moved here (jobs 0018)
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="checkpoint_once")]
 
 
 class ExportState(models.TextChoices):
@@ -17,7 +59,7 @@ class Export(models.Model):
     """A checkpoint exported as a Hugging Face model folder (jobs.exports); one per checkpoint,
     whose folder an export done again rewrites."""
 
-    checkpoint = models.OneToOneField("monitor.Checkpoint", on_delete=models.CASCADE,
+    checkpoint = models.OneToOneField(Checkpoint, on_delete=models.CASCADE,
                                       related_name="export")
     state = models.CharField(max_length=8, choices=ExportState.choices,
                              default=ExportState.PENDING)
@@ -41,7 +83,7 @@ class Evaluation(models.Model):
     source, the user's tasks, generations. A checkpoint may be evaluated many times (other
     tasks, again); each keeps its own folder of per-item records."""
 
-    checkpoint = models.ForeignKey("monitor.Checkpoint", on_delete=models.CASCADE,
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE,
                                    related_name="evaluations")
     # a worker's task, as an export's: the same states
     state = models.CharField(max_length=8, choices=ExportState.choices,

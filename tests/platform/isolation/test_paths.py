@@ -15,8 +15,7 @@ from django.conf import settings
 
 from engine.runtime.confine import NO_MATCH, OUTSIDE
 from jobs.confinement import CHECKPOINT_DIR, uploads_dir
-from jobs.models import Job
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Job
 from tests.platform.services import SMALL_SPEC, stored_checkpoint
 
 pytestmark = pytest.mark.django_db

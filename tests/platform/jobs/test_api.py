@@ -11,9 +11,8 @@ from rest_framework.test import APIClient
 from engine.contract import COMMAND_RULES, CommandKind
 from jobs.api import JobViewSet
 from jobs.bodies import CommandBody
-from jobs.models import Job, State
+from jobs.models import Checkpoint, Job, State
 from monitor.ingest import store_events
-from monitor.models import Checkpoint
 from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db

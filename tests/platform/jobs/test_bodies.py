@@ -5,8 +5,7 @@ the engine takes it; a clone's name and starting point."""
 import pytest
 
 from jobs.bodies import CloneBody, CommandBody, PauseBody, ReshardBody, RollbackBody, SetBody
-from jobs.models import Job
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Job
 from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db

@@ -15,8 +15,7 @@ from engine.evaluate import evaluate
 from engine.runtime.spec import parse_spec
 from jobs import evaluations
 from jobs.confinement import uploads_dir
-from jobs.models import Evaluation, Job, State
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Evaluation, Job, State
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,8 @@ from channels.layers import get_channel_layer
 from engine import contract
 from jobs import evaluations
 from jobs.confinement import uploads_dir
-from jobs.models import Evaluation, Job, State
+from jobs.models import Checkpoint, Evaluation, Job, State
 from monitor.ingest import job_group
-from monitor.models import Checkpoint
 from tests.platform.jobs.test_evaluations import TASKS, evaluate_url, trained_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,8 +6,7 @@ reason."""
 import pytest
 from django.conf import settings
 
-from jobs.models import Job, State
-from monitor.models import Checkpoint
+from jobs.models import Checkpoint, Job, State
 from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

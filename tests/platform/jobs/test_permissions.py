@@ -14,9 +14,18 @@ from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from jobs.models import ApiToken, AuditEntry, Command, Export, Job, JobEvent, State, Webhook
+from jobs.models import (
+    ApiToken,
+    AuditEntry,
+    Checkpoint,
+    Command,
+    Export,
+    Job,
+    JobEvent,
+    State,
+    Webhook,
+)
 from monitor.ingest import store_events
-from monitor.models import Checkpoint
 from ringside.asgi import application
 from tests.platform.sockets import refusal
 

@@ -11,9 +11,8 @@ from rest_framework.test import APIClient
 from engine.contract import parse_event
 from engine.runtime.events import control_stream
 from jobs.commands import deliver_pending
-from jobs.models import Command, Job, State
+from jobs.models import Checkpoint, Command, Job, State
 from jobs.tasks import Supervisor
-from monitor.models import Checkpoint
 from tests.platform.services import stored_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

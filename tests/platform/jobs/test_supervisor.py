@@ -152,8 +152,7 @@ def test_a_job_short_of_hosts_pauses_to_scale_up_at_the_first_disk_checkpoint_af
 
 def test_a_checkpoint_over_the_owners_storage_quota_pauses_the_job_and_deletes_nothing(
         user, small_spec, tmp_path):
-    from jobs.models import JobEvent, Quota
-    from monitor.models import Checkpoint
+    from jobs.models import Checkpoint, JobEvent, Quota
     from tests.platform.services import stored_checkpoint
 
     Quota.objects.create(user=user, checkpoint_bytes=1000)

@@ -8,17 +8,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from engine.runtime.events import EventLog, events_stream
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
 from monitor.ingest import GROUP, StreamIngest, job_group, step_metrics, store_events
-from monitor.models import (
-    Action,
-    Anomaly,
-    Checkpoint,
-    Event,
-    ExpertLoad,
-    MetricPoint,
-    OpsSample,
-)
+from monitor.models import Action, Anomaly, Event, ExpertLoad, MetricPoint, OpsSample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

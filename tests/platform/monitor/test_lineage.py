@@ -5,9 +5,8 @@ for the owner, and resolving only to checkpoints the caller may see."""
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken, Checkpoint, Job
 from monitor.ingest import store_events
-from monitor.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
 

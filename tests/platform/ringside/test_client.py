@@ -31,6 +31,7 @@ from jobs.confinement import uploads_dir
 from jobs.models import (
     ApiToken,
     Cause,
+    Checkpoint,
     Command,
     Evaluation,
     Export,
@@ -39,7 +40,6 @@ from jobs.models import (
     State,
     token_digest,
 )
-from monitor.models import Checkpoint
 from ringside.client import ApiError, Client, api, cli, config
 from ringside.client.cli import main
 from tests.platform.jobs.test_evaluations import TASKS, trained_checkpoint

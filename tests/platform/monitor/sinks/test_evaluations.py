@@ -6,9 +6,8 @@ follows the evaluation's in the stream. A task name the user chose cannot break 
 import pytest
 
 from engine.runtime.events import EventLog
-from jobs.models import Evaluation, ExportState
+from jobs.models import Checkpoint, Evaluation, ExportState
 from monitor.ingest import StreamIngest
-from monitor.models import Checkpoint
 from monitor.sinks import evaluations
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.records import NAME_PART_CHARS
