@@ -162,7 +162,7 @@ class Seen(NamedTuple):
     state: str
     reason: str  # why it is pending
     code: int  # its exit code once it ended (a signal's as its negative)
-    nodes: str = ""  # the nodes it runs on, in Slurm's compressed form
+    nodes: str = ""  # the nodes it runs on, a Slurm node list (`hostnames` expands it)
 
 
 
@@ -178,7 +178,7 @@ class Slurm(Protocol):
         """What Slurm says of `slurm_id`."""
 
     def hostnames(self, nodes: str) -> list[str]:
-        """Slurm's compressed node list (`h[0-1]`) as names."""
+        """The node list of a `Seen` (compressed: `h[0-1]`) as names."""
 
     def cancel(self, slurm_id: str, sig: signal.Signals | None = None) -> None:
         """`sig` to every process of the job (its batch shell and steps); None: cancel it."""

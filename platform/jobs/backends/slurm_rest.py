@@ -32,7 +32,6 @@ import httpx
 from django.conf import settings
 
 from common.services import engine_env
-from engine.runtime.slurm import SlurmEnvironmentError, expand_nodelist
 from jobs.backends.slurm import (
     ALIVE,
     CLIENT_TIMEOUT_S,
@@ -87,23 +86,22 @@ class SlurmRest:
 
     def look(self, slurm_id: str) -> Seen:
         """What the controller says of the job (`GET /job/<id>`), as the clients report it:
-        the nodes only while it may still run, its reason "None" where it has none."""
+        its nodes only while it may still run (as names: slurmrestd lists each allocated
+        node), its reason "None" where it has none."""
         jobs = self._call("GET", f"/job/{slurm_id}").get("jobs") or []
         if not jobs:
             raise SlurmError(f"slurmrestd at {self.url}: Slurm job {slurm_id}: not found")
         job = jobs[0]
         state = job["job_state"]
-        alive = state in ALIVE
-        return Seen(state, job.get("state_reason") or "",
-                    0 if alive else exit_code(int(job.get("exit_code") or 0)),
-                    (job.get("nodes") or "") if alive else "")
+        if state not in ALIVE:
+            return Seen(state, job.get("state_reason") or "", exit_code(job["exit_code"]))
+        allocated = (job.get("job_resources") or {}).get("allocated_nodes") or []
+        return Seen(state, job.get("state_reason") or "", 0,
+                    ",".join(node["nodename"] for node in allocated))
 
     def hostnames(self, nodes: str) -> list[str]:
-        """Expanded here (slurmrestd has no call for it), as the launchers expand theirs."""
-        try:
-            return expand_nodelist(nodes)
-        except SlurmEnvironmentError as error:
-            raise SlurmError(str(error)) from error
+        """The names in a node list `look` gave (slurmrestd has no call that expands one)."""
+        return nodes.split(",") if nodes else []
 
     def cancel(self, slurm_id: str, sig: signal.Signals | None = None) -> None:
         """`DELETE /job/<id>` signals the whole job (its batch shell and steps, as
