@@ -22,7 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # (Django processes) need the key and the database, the engine neither (its bus URL comes on
 # its command line), and a training run executes what a user's spec and data make it do.
 PLATFORM_SECRETS = ("SECRET_KEY", "DJANGO_SECRET_KEY", "DATABASE_URL",
-                    "RINGSIDE_ADMIN_PASSWORD", "DJANGO_SUPERUSER_PASSWORD")
+                    "RINGSIDE_ADMIN_PASSWORD", "DJANGO_SUPERUSER_PASSWORD",
+                    "RINGSIDE_SLURMRESTD_TOKEN")
 
 
 def child_env(**overrides: str) -> dict[str, str]:

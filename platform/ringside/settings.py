@@ -279,6 +279,15 @@ SLURM_BUS_URL = os.environ.get("RINGSIDE_SLURM_BUS_URL", "")
 SLURM_POLL_S = float(os.environ.get("RINGSIDE_SLURM_POLL_S", "1"))
 # Slurm warns the job this long before its time limit (SIGUSR1): the engine checkpoints
 SLURM_SIGNAL_LEAD_S = int(os.environ.get("RINGSIDE_SLURM_SIGNAL_LEAD_S", "60"))
+# Slurm through its REST API (jobs.backends.slurm_rest) instead of its clients, where set:
+# slurmrestd's http://host:port, the Slurm user the jobs run as, and a JWT for that user
+# (`scontrol token username=<user> lifespan=<s>`: renew it, and restart, before it expires)
+SLURMRESTD_URL = os.environ.get("RINGSIDE_SLURMRESTD_URL", "")
+SLURMRESTD_USER = os.environ.get("RINGSIDE_SLURMRESTD_USER", "")
+SLURMRESTD_TOKEN = os.environ.get("RINGSIDE_SLURMRESTD_TOKEN", "")
+# how long after a node fell silent Slurm may still be finding out (twice its SlurmdTimeout
+# plus MessageTimeout): slurmrestd does not show the configuration; 0: from Slurm's defaults
+SLURM_NODE_DOWN_WITHIN_S = float(os.environ.get("RINGSIDE_SLURM_NODE_DOWN_WITHIN_S", "0"))
 PART_SILENT_AFTER_S = float(os.environ.get("PART_SILENT_AFTER_S", "5"))
 PART_START_TIMEOUT_S = float(os.environ.get("PART_START_TIMEOUT_S", "60"))
 

@@ -17,15 +17,23 @@ engine cannot hear (it is still pending, or stuck) is `scancel`. A reshard onto 
 of nodes cannot happen inside an allocation: the engine gets a cold pause instead
 (`resubmits`), and the job is submitted again at the new size from that checkpoint
 (jobs.backends.slurm_run, which also answers a lost node).
+
+Every call to Slurm goes through one small interface (`Slurm`, from `slurm()`): its
+command-line clients (`Clients`), or its REST API where the operator sets
+RINGSIDE_SLURMRESTD_URL (jobs.backends.slurm_rest). The batch script's options are one table
+(`sbatch_options`): the script's `#SBATCH` lines, and for slurmrestd, which reads none of
+them, the job descriptor sent beside the script.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
+import signal
 import subprocess
 import sys
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
 from celery import current_app
 from django.conf import settings
@@ -88,27 +96,50 @@ def place_waiting() -> list[Job]:
     return sent
 
 
-def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -> str:
-    """The batch script of one submission: `#SBATCH` lines from the spec and the job's Slurm
-    options (each checked by jobs.backends.options: no newline or shell syntax), then `srun`
-    starting `command` (the engine's launcher) once per node, and `warning` run when Slurm
-    warns of the time limit; a requeued run resumes from the job's own checkpoints."""
+# each option of the batch script, by sbatch's long name, and its name in slurmrestd's job
+# descriptor (which takes sbatch's options by these names and parses their values as sbatch
+# does)
+REST_NAMES = {"job-name": "name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
+              "signal": "signal", "requeue": "requeue", "output": "standard_output",
+              "error": "standard_error", "open-mode": "open_mode",
+              "chdir": "current_working_directory", "gres": "gres",
+              "cpus-per-task": "cpus_per_task", "time": "time_limit", "partition": "partition",
+              "account": "account", "qos": "qos", "constraint": "constraints",
+              "exclude": "exclude_nodes"}
+
+
+def sbatch_options(job: Job, spec: dict) -> dict[str, str | bool]:
+    """The options of one submission by sbatch's long names (True: a flag without a value),
+    from the spec and the job's Slurm options (each checked by jobs.backends.options: no
+    newline or shell syntax)."""
     parallel, options = spec["parallel"], job.backend_options.get("slurm", {})
     hosts = int(parallel.get("hosts", 1))
     ranks = int(parallel["nodes"]) // hosts * int(parallel.get("procs_per_node", 1))
     folder = run_dir(job)
-    lines = [f"--job-name=ringside-{job.pk}", f"--nodes={hosts}", "--ntasks-per-node=1",
-             f"--signal=B:USR1@{settings.SLURM_SIGNAL_LEAD_S}", "--requeue",
-             f"--output={folder / 'stdout.log'}", f"--error={folder / 'stderr.log'}",
-             "--open-mode=append", f"--chdir={settings.REPO_ROOT}"]
-    lines.append(f"--gres={options['gres']}" if options.get("gres")
-                 else f"--cpus-per-task={ranks}")
+    chosen: dict[str, str | bool] = {
+        "job-name": f"ringside-{job.pk}", "nodes": str(hosts), "ntasks-per-node": "1",
+        "signal": f"B:USR1@{settings.SLURM_SIGNAL_LEAD_S}", "requeue": True,
+        "output": str(folder / "stdout.log"), "error": str(folder / "stderr.log"),
+        "open-mode": "append", "chdir": str(settings.REPO_ROOT)}
+    if options.get("gres"):
+        chosen["gres"] = options["gres"]
+    else:
+        chosen["cpus-per-task"] = str(ranks)
     if options.get("time_limit"):
-        lines.append(f"--time={options['time_limit']}")
-    lines += [f"--{name}={options[name]}" for name in ("partition", "account", "qos",
-                                                       "constraint") if options.get(name)]
+        chosen["time"] = str(options["time_limit"])
+    chosen.update({name: options[name] for name in ("partition", "account", "qos", "constraint")
+                   if options.get(name)})
     if job.backend_options.get("exclude"):  # nodes it lost (jobs.backends.slurm_run)
-        lines.append(f"--exclude={','.join(job.backend_options['exclude'])}")
+        chosen["exclude"] = ",".join(job.backend_options["exclude"])
+    return chosen
+
+
+def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -> str:
+    """The batch script of one submission: its options as `#SBATCH` lines (`sbatch_options`),
+    then `srun` starting `command` (the engine's launcher) once per node, and `warning` run
+    when Slurm warns of the time limit; a requeued run resumes from the job's own checkpoints."""
+    lines = [f"--{name}" if value is True else f"--{name}={value}"
+             for name, value in sbatch_options(job, spec).items()]
     checkpoints = shlex.quote(str(checkpoint_folder(job)))
     return "\n".join([
         "#!/bin/bash", *(f"#SBATCH {line}" for line in lines),
@@ -131,28 +162,102 @@ class Seen(NamedTuple):
     state: str
     reason: str  # why it is pending
     code: int  # its exit code once it ended (a signal's as its negative)
-    nodes: str = ""  # the nodes it runs on, in Slurm's compressed form
+    nodes: str = ""  # the nodes it runs on, a Slurm node list (`hostnames` expands it)
 
 
-def look(slurm_id: str) -> Seen:
-    """What Slurm says of `slurm_id`: from `squeue` while Slurm holds it, `scontrol show job`
-    while it remembers it (MinJobAge), else the accounting (`sacct`)."""
-    try:
-        line = client("squeue", "-h", "-j", slurm_id, "-o", "%T|%r|%N").strip()
-    except SlurmError:
-        line = ""
-    if line:
-        state, reason, nodes = (line.split("|") + ["", ""])[:3]
-        if state in ALIVE:
-            return Seen(state, reason, 0, nodes)
-    try:
-        fields = dict(item.partition("=")[::2] for item in
-                      client("scontrol", "-o", "show", "job", slurm_id).split())
-        return Seen(fields["JobState"], fields.get("Reason", ""), exit_code(fields["ExitCode"]))
-    except (SlurmError, KeyError):
-        state, _, code = client("sacct", "-j", slurm_id, "-n", "-P", "-X", "-o",
-                                "State,ExitCode").strip().partition("|")
-        return Seen(state.split()[0], "", exit_code(code))
+
+
+class Slurm(Protocol):
+    """The calls the backend makes to Slurm, through its clients or its REST API; each raises
+    SlurmError with Slurm's own word when Slurm refuses or fails."""
+
+    def submit(self, script: Path, options: dict[str, str | bool]) -> str:
+        """Submit the batch `script` with `options` (`sbatch_options`); the Slurm job's id."""
+
+    def look(self, slurm_id: str) -> Seen:
+        """What Slurm says of `slurm_id`."""
+
+    def hostnames(self, nodes: str) -> list[str]:
+        """The node list of a `Seen` (compressed: `h[0-1]`) as names."""
+
+    def cancel(self, slurm_id: str, sig: signal.Signals | None = None) -> None:
+        """`sig` to every process of the job (its batch shell and steps); None: cancel it."""
+
+    def lost_nodes(self, nodes: list[str]) -> list[str]:
+        """Those of `nodes` Slurm holds down, failed, drained or not responding."""
+
+    def node_down_within_s(self) -> float:
+        """How long after a node fell silent Slurm may still be finding out."""
+
+
+# Slurm's defaults of the timeouts `down_within_s` reads
+SLURM_DEFAULTS = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
+
+
+class Clients:
+    """Slurm through its command-line clients."""
+
+    def submit(self, script: Path, options: dict[str, str | bool]) -> str:
+        """`sbatch --parsable`: the script's `#SBATCH` lines carry the options."""
+        return client("sbatch", "--parsable", str(script)).strip().split(";")[0]
+
+    def look(self, slurm_id: str) -> Seen:
+        """From `squeue` while Slurm holds the job, `scontrol show job` while it remembers it
+        (MinJobAge), else the accounting (`sacct`)."""
+        try:
+            line = client("squeue", "-h", "-j", slurm_id, "-o", "%T|%r|%N").strip()
+        except SlurmError:
+            line = ""
+        if line:
+            state, reason, nodes = (line.split("|") + ["", ""])[:3]
+            if state in ALIVE:
+                return Seen(state, reason, 0, nodes)
+        try:
+            fields = dict(item.partition("=")[::2] for item in
+                          client("scontrol", "-o", "show", "job", slurm_id).split())
+            return Seen(fields["JobState"], fields.get("Reason", ""),
+                        exit_code(fields["ExitCode"]))
+        except (SlurmError, KeyError):
+            state, _, code = client("sacct", "-j", slurm_id, "-n", "-P", "-X", "-o",
+                                    "State,ExitCode").strip().partition("|")
+            return Seen(state.split()[0], "", exit_code(code))
+
+    def hostnames(self, nodes: str) -> list[str]:
+        return client("scontrol", "show", "hostnames", nodes).split() if nodes else []
+
+    def cancel(self, slurm_id: str, sig: signal.Signals | None = None) -> None:
+        if sig is None:
+            client("scancel", slurm_id)
+        else:
+            client("scancel", "--full", f"--signal={sig.name.removeprefix('SIG')}", slurm_id)
+
+    def lost_nodes(self, nodes: list[str]) -> list[str]:
+        """Down, failed, drained or draining in `sinfo`, or not responding (`*`)."""
+        if not nodes:
+            return []
+        out = client("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t")
+        return sorted({name for name, state in (line.split() for line in out.splitlines())
+                       if "*" in state or state.startswith(("down", "drain", "drng", "fail"))})
+
+    def node_down_within_s(self) -> float:
+        """From the cluster's configuration (`scontrol show config`)."""
+        config = dict(SLURM_DEFAULTS)
+        for line in client("scontrol", "show", "config").splitlines():
+            name, _, value = line.partition("=")
+            if name.strip() in config and value.split():
+                config[name.strip()] = value.split()[0]
+        return down_within_s(config)
+
+
+CLIENTS = Clients()
+
+
+def down_within_s(config: dict[str, str]) -> float:
+    """How long after a node fell silent Slurm may still be finding out: its SlurmdTimeout
+    (how long it waits for a silent node), then a ping's MessageTimeout (a ping to a dead node
+    fails only that late), each twice (Slurm marks it down at a ping after the one that found
+    it silent)."""
+    return 2 * (float(config["SlurmdTimeout"]) + float(config["MessageTimeout"]))
 
 
 def exit_code(text: str) -> int:
@@ -161,31 +266,14 @@ def exit_code(text: str) -> int:
     return -int(sig) if sig and int(sig) else int(code)
 
 
-def hostnames(nodes: str) -> list[str]:
-    """Slurm's compressed node list (`h[0-1]`) as names."""
-    return client("scontrol", "show", "hostnames", nodes).split() if nodes else []
+def slurm() -> Slurm:
+    """How the platform talks to Slurm: through its REST API where RINGSIDE_SLURMRESTD_URL is
+    set (jobs.backends.slurm_rest), else through its clients."""
+    if settings.SLURMRESTD_URL:
+        from jobs.backends.slurm_rest import SlurmRest  # it imports this module
 
-
-def lost_nodes(nodes: list[str]) -> list[str]:
-    """Those of `nodes` Slurm holds down, failed, drained or not responding (`*`)."""
-    if not nodes:
-        return []
-    out = client("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t")
-    return sorted({name for name, state in (line.split() for line in out.splitlines())
-                   if "*" in state or state.startswith(("down", "drain", "drng", "fail"))})
-
-
-def node_down_within_s() -> float:
-    """How long after a node fell silent Slurm may still be finding out: its SlurmdTimeout
-    (how long it waits for a silent node), then a ping's MessageTimeout (a ping to a dead node
-    fails only that late), each twice (Slurm marks it down at a ping after the one that found
-    it silent). Slurm's defaults where its configuration says none."""
-    config = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
-    for line in client("scontrol", "show", "config").splitlines():
-        name, _, value = line.partition("=")
-        if name.strip() in config and value.split():
-            config[name.strip()] = value.split()[0]
-    return 2 * (float(config["SlurmdTimeout"]) + float(config["MessageTimeout"]))
+        return SlurmRest.from_settings()
+    return CLIENTS
 
 
 def submit(job: Job) -> str:
@@ -198,7 +286,7 @@ def submit(job: Job) -> str:
                "--bus", bus]
     script = spec_path.parent / "slurm.sh"
     script.write_text(batch_script(job, job.spec, command, warning), encoding="utf-8")
-    slurm_id = client("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    slurm_id = slurm().submit(script, sbatch_options(job, job.spec))
     Job.objects.filter(pk=job.pk).update(backend_ref=slurm_id)
     log.info("job %s: submitted as Slurm job %s on %s node(s) (resuming from %s)", job.pk,
              slurm_id, job.spec["parallel"].get("hosts", 1), resume_point(job))

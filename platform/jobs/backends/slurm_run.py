@@ -32,18 +32,7 @@ from django.conf import settings
 from engine.contract import AnomalyEvent, AnomalyKind, ExitCode, MembershipEvent
 from engine.runtime.events import EventLog
 from engine.runtime.spec import SpecError, layout_on_hosts, parse_spec, reshard_layout
-from jobs.backends.slurm import (
-    ALIVE,
-    Seen,
-    SlurmError,
-    client,
-    hostnames,
-    look,
-    lost_nodes,
-    node_down_within_s,
-    resubmits,
-    submit,
-)
+from jobs.backends.slurm import ALIVE, Seen, SlurmError, resubmits, slurm, submit
 from jobs.launch import run_dir
 from jobs.models import SUPERVISED, Command, CommandKind, Job, State
 
@@ -70,10 +59,10 @@ class SlurmRun:
         if self.returncode is not None or time.monotonic() - self.asked_at < settings.SLURM_POLL_S:
             return self.returncode
         self.asked_at = time.monotonic()
-        seen = look(self.slurm_id)
+        seen = slurm().look(self.slurm_id)
         self.state = seen.state
         if seen.state == "RUNNING" and seen.nodes != self.placed:
-            self.placed, self.nodes = seen.nodes, hostnames(seen.nodes)
+            self.placed, self.nodes = seen.nodes, slurm().hostnames(seen.nodes)
         if seen.state in ALIVE and not self._stopped(seen):
             self._waiting(seen.reason if seen.state == "PENDING" else "")
             return None
@@ -92,10 +81,8 @@ class SlurmRun:
         """SIGTERM: to every process of a running job (the launchers stop their ranks);
         SIGKILL, or a job not running yet: cancelled outright."""
         try:
-            if sig == signal.SIGTERM and self.state == "RUNNING":
-                client("scancel", "--full", "--signal=TERM", self.slurm_id)
-            else:
-                client("scancel", self.slurm_id)
+            running = sig == signal.SIGTERM and self.state == "RUNNING"
+            slurm().cancel(self.slurm_id, sig if running else None)
         except SlurmError as error:  # it ended meanwhile
             log.info("job %s: %s", self.job.pk, error)
 
@@ -137,11 +124,11 @@ class SlurmRun:
         finding out (`node_down_within_s` after the end)."""
         if len(self.nodes) < 2:
             return []
-        lost = lost_nodes(self.nodes)
+        lost = slurm().lost_nodes(self.nodes)
         if lost:
             return lost
         if self.settle_by is None:
-            self.settle_by = time.monotonic() + node_down_within_s()
+            self.settle_by = time.monotonic() + slurm().node_down_within_s()
         return None if time.monotonic() < self.settle_by else []
 
     def _steerable(self) -> bool:

@@ -26,7 +26,7 @@ import pytest
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from common.services import stop_process_group
-from jobs.backends.slurm import ALIVE, look
+from jobs.backends.slurm import ALIVE, CLIENTS
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
 from tests.platform.services import worker_process
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 FAST = {"HOST_BEAT_S": "1", "JOB_HEARTBEAT_S": "0.5", "RINGSIDE_SLURM_POLL_S": "0.5",
         "WORKER_SLOTS": "4"}
+look = CLIENTS.look  # what Slurm's clients say of a Slurm job
 START_S = 180  # Slurm allocating, then four ranks starting, on a loaded two-core machine
 LEAD_S = 120  # how long before its time limit the time-limit test's job is warned
 
