@@ -6,14 +6,22 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml bench/references.txt | ck
 
 .PHONY: install run test bench e2e lint clean
 
+# uv installs in seconds what takes pip minutes. It reads no pip configuration, so this
+# machine's (`pip config list`: a wheel folder, extra indexes, constraints) is passed on, and
+# like pip it takes the best version among all the indexes.
+UV_PIP = $(BIN)/uv pip install -q --python $(BIN)/python --index-strategy unsafe-best-match \
+	$(shell $(BIN)/python -m pip config list 2>/dev/null | \
+	  sed -nE "s/^[^.]*\.(find-links|extra-index-url|index-url|constraint)='(.*)'$$/\1 \2/p" | \
+	  while read -r name values; do for v in $$values; do printf -- '--%s %s ' $$name $$v; done; done)
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml bench/references.txt
 	@test -n "$(PYTHON)" || { echo "Ringside needs Python 3.11 or newer on PATH" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -m pip install -q --no-deps -r bench/references.txt
+	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(UV_PIP) -e '.[test]'
+	$(UV_PIP) --no-deps -r bench/references.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
