@@ -10,8 +10,10 @@ environment sbatch would have passed on. Where it differs from the clients:
 
 - the time limit's warning: slurmrestd 22.05 refuses `B:` in `signal` (only sbatch may ask
   for the batch shell alone), and a warning to the job's steps would kill the launchers, so
-  the descriptor asks for none: a job submitted this way is not paused before its time limit
-  (it ends TIMEOUT). Give such jobs no `time_limit` shorter than their run.
+  the descriptor asks for none (`warns_of_time_limit` is False). `look` reports instead when
+  a running job's time limit ends it (`end_time`), and the platform runs the batch script's
+  warning itself that long before (jobs.backends.slurm_run), as often as it looks
+  (RINGSIDE_SLURM_POLL_S) rather than at Slurm's 30 s check.
 - a job is known only while the controller remembers it (MinJobAge, 300 s by default; the
   platform looks every RINGSIDE_SLURM_POLL_S): there is no accounting (`sacct`) to fall back
   on without slurmdbd.
@@ -69,6 +71,8 @@ def exit_code(status: int) -> int:
 class SlurmRest:
     """One slurmrestd, as one user."""
 
+    warns_of_time_limit = False  # see the module's docstring
+
     def __init__(self, url: str, user: str, token: str):
         self.url, self.user, self.token = url.rstrip("/"), user, token
 
@@ -87,7 +91,8 @@ class SlurmRest:
     def look(self, slurm_id: str) -> Seen:
         """What the controller says of the job (`GET /job/<id>`), as the clients report it:
         its nodes only while it may still run (as names: slurmrestd lists each allocated
-        node), its reason "None" where it has none."""
+        node), its reason "None" where it has none; and, while it runs, when its time limit
+        ends it."""
         jobs = self._call("GET", f"/job/{slurm_id}").get("jobs") or []
         if not jobs:
             raise SlurmError(f"slurmrestd at {self.url}: Slurm job {slurm_id}: not found")
@@ -97,7 +102,9 @@ class SlurmRest:
             return Seen(state, job.get("state_reason") or "", exit_code(job["exit_code"]))
         allocated = (job.get("job_resources") or {}).get("allocated_nodes") or []
         return Seen(state, job.get("state_reason") or "", 0,
-                    ",".join(node["nodename"] for node in allocated))
+                    ",".join(node["nodename"] for node in allocated),
+                    float(job["end_time"]) if state == "RUNNING" and job.get("end_time")
+                    else None)
 
     def hostnames(self, nodes: str) -> list[str]:
         """The names in a node list `look` gave (slurmrestd has no call that expands one)."""
