@@ -171,6 +171,15 @@ class Seen(NamedTuple):
     ends_at: float | None = None
 
 
+class Partition(NamedTuple):
+    """A partition's limits on one job (None: unlimited)."""
+
+    name: str
+    default: bool  # a job naming no partition runs in it
+    max_nodes: int | None
+    max_minutes: int | None
+
+
 class Slurm(Protocol):
     """The calls the backend makes to Slurm, through its clients or its REST API; each raises
     SlurmError with Slurm's own word when Slurm refuses or fails."""
@@ -196,6 +205,9 @@ class Slurm(Protocol):
 
     def node_down_within_s(self) -> float:
         """How long after a node fell silent Slurm may still be finding out."""
+
+    def partitions(self) -> list[Partition]:
+        """The cluster's partitions."""
 
 
 # Slurm's defaults of the timeouts `down_within_s` reads
@@ -258,6 +270,18 @@ class Clients:
                 config[name.strip()] = value.split()[0]
         return down_within_s(config)
 
+    def partitions(self) -> list[Partition]:
+        """From `scontrol -a show partition` (hidden ones too)."""
+        found = []
+        for line in client("scontrol", "-a", "-o", "show", "partition").splitlines():
+            fields = dict(item.partition("=")[::2] for item in line.split())
+            if "PartitionName" in fields:
+                nodes = fields.get("MaxNodes", "UNLIMITED")
+                found.append(Partition(fields["PartitionName"], fields.get("Default") == "YES",
+                                       int(nodes) if nodes.isdigit() else None,
+                                       minutes(fields.get("MaxTime", "UNLIMITED"))))
+        return found
+
 
 CLIENTS = Clients()
 
@@ -274,6 +298,18 @@ def exit_code(text: str) -> int:
     """Slurm's `CODE:SIGNAL` as a process's return code (a signal's as its negative)."""
     code, _, sig = text.partition(":")
     return -int(sig) if sig and int(sig) else int(code)
+
+
+def minutes(text: str) -> int | None:
+    """Slurm's `[D-]HH:MM:SS` (or `MM`) as whole minutes; None for UNLIMITED."""
+    if not text[:1].isdigit():
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        return int(days or 0) * 1440 + parts[0]
+    hours, mins = (parts + [0])[:2] if len(parts) == 3 else (0, parts[0])
+    return int(days or 0) * 1440 + hours * 60 + mins
 
 
 def slurm() -> Slurm:

@@ -20,6 +20,9 @@ environment sbatch would have passed on. Where it differs from the clients:
 - the configuration is not shown: how soon a silent node is marked down is the setting
   RINGSIDE_SLURM_NODE_DOWN_WITHIN_S (default: from Slurm's default timeouts).
 
+The partitions' limits (`partitions`) come from `GET /partitions`, so with slurmrestd the web
+server checking a job's options needs no `scontrol` either.
+
 Every refusal or failure is a SlurmError with slurmrestd's own words (its `errors`), the HTTP
 status, or why it could not be reached.
 """
@@ -39,6 +42,7 @@ from jobs.backends.slurm import (
     CLIENT_TIMEOUT_S,
     REST_NAMES,
     SLURM_DEFAULTS,
+    Partition,
     Seen,
     SlurmError,
     down_within_s,
@@ -53,6 +57,7 @@ REFUSED_TOKEN = ("Unspecified error", "Zero Bytes were transmitted or received")
 # the node states and flags sinfo shows as down, failed, drained (draining) or not responding
 LOST_STATES = frozenset({"down"})
 LOST_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING"})
+UNLIMITED = -1  # slurmrestd's word for a partition's INFINITE limit
 
 
 def descriptor(options: dict[str, str | bool], environment: dict[str, str]) -> dict[str, Any]:
@@ -66,6 +71,11 @@ def exit_code(status: int) -> int:
     """slurmrestd's exit code (the batch shell's wait status) as a process's return code (a
     signal's as its negative), as jobs.backends.slurm.exit_code reads the clients'."""
     return -(status & 0x7F) if status & 0x7F else status >> 8
+
+
+def limit(value: int | None) -> int | None:
+    """A partition's limit as slurmrestd gives it (nodes, minutes); None: unlimited."""
+    return None if value in (None, UNLIMITED) else value
 
 
 class SlurmRest:
@@ -126,6 +136,12 @@ class SlurmRest:
     def node_down_within_s(self) -> float:
         """RINGSIDE_SLURM_NODE_DOWN_WITHIN_S: slurmrestd does not show the configuration."""
         return settings.SLURM_NODE_DOWN_WITHIN_S or down_within_s(SLURM_DEFAULTS)
+
+    def partitions(self) -> list[Partition]:
+        """`GET /partitions`."""
+        return [Partition(p["name"], "default" in (p.get("flags") or []),
+                          limit(p.get("maximum_nodes_per_job")), limit(p.get("max_time_limit")))
+                for p in self._call("GET", "/partitions").get("partitions") or []]
 
     def _call(self, method: str, path: str, **request: Any) -> dict[str, Any]:
         """slurmrestd's answer to one request; SlurmError with its words if it refused it or

@@ -9,6 +9,7 @@ clients (jobs.backends.slurm.Clients) say of the same Slurm job:
   signalling reach it;
 - a job Slurm does not warn of its time limit (slurmrestd cannot ask it to) is warned by the
   platform, once, when the batch script's trap would have been;
+- a partition's limits refuse the same fields through slurmrestd as through `scontrol`;
 - a bad token, or a slurmrestd that does not answer, is a SlurmError saying so.
 """
 
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from engine.contract import TIME_LIMIT_COMMAND, control_stream
 from engine.ports import free_port
+from jobs.backends.options import partition_errors
 from jobs.backends.slurm import (
     ALIVE,
     CLIENTS,
@@ -179,6 +182,30 @@ def test_a_job_slurm_does_not_warn_is_warned_by_the_platform_once_its_time_limit
     finally:
         CLIENTS.cancel(run.slurm_id)
         bus.close()
+
+
+def test_the_partitions_limits_refuse_the_same_fields_through_slurmrestd_as_through_scontrol(
+        rest_cluster, settings, monkeypatch):
+    rest_cluster.client("scontrol", "create", "PartitionName=days", "Nodes=ALL", "MaxNodes=1",
+                        "MaxTime=1-00:10:00")
+    rest_cluster.client("scontrol", "create", "PartitionName=free", "Nodes=ALL", "Hidden=YES",
+                        "MaxNodes=UNLIMITED", "MaxTime=UNLIMITED")
+    over = {"parallel.hosts", "slurm.time_limit"}
+    cases = [  # (options, hosts) -> the fields refused
+        (({"time_limit": MAX_TIME_MIN + 1}, MAX_NODES + 1), over),  # the default partition
+        (({"partition": PARTITION, "time_limit": MAX_TIME_MIN}, MAX_NODES), set()),
+        (({"partition": "nosuch"}, 1), {"slurm.partition"}),
+        (({"partition": "days", "time_limit": 1451}, 2), over),
+        (({"partition": "days", "time_limit": 1450}, 1), set()),
+        (({"partition": "free", "time_limit": 525600}, 64), set())]
+    by_cli = [partition_errors(*case) for case, _ in cases]
+    assert [set(errors) for errors in by_cli] == [fields for _, fields in cases], by_cli
+    assert "at most 1 nodes" in by_cli[3]["parallel.hosts"]
+
+    settings.SLURMRESTD_URL = rest_cluster.rest_url
+    settings.SLURMRESTD_USER, settings.SLURMRESTD_TOKEN = "root", rest_cluster.token
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")  # no client reaches the cluster now
+    assert [partition_errors(*case) for case, _ in cases] == by_cli
 
 
 def test_a_bad_token_or_a_slurmrestd_that_does_not_answer_is_a_slurm_error_saying_so(
