@@ -9,7 +9,8 @@ clients (jobs.backends.slurm.Clients) say of the same Slurm job:
   signalling reach it;
 - a job Slurm does not warn of its time limit (slurmrestd cannot ask it to) is warned by the
   platform, once, when the batch script's trap would have been;
-- a partition's limits refuse the same fields through slurmrestd as through `scontrol`;
+- a partition's limits refuse the same fields through slurmrestd as through `scontrol`, and a
+  node Slurm marks down is lost alike;
 - a bad token, or a slurmrestd that does not answer, is a SlurmError saying so.
 """
 
@@ -206,6 +207,15 @@ def test_the_partitions_limits_refuse_the_same_fields_through_slurmrestd_as_thro
     settings.SLURMRESTD_USER, settings.SLURMRESTD_TOKEN = "root", rest_cluster.token
     monkeypatch.setenv("SLURM_CONF", "/nonexistent")  # no client reaches the cluster now
     assert [partition_errors(*case) for case, _ in cases] == by_cli
+
+
+def test_a_node_slurm_marks_down_is_lost_through_slurmrestd_as_through_sinfo(
+        rest_cluster, eventually):
+    nodes = [rest_cluster.node(h) for h in range(2)]
+    rest_cluster.kill_node(1)
+    eventually(lambda: rest_cluster.client("sinfo", "-h", "-n", nodes[1], "-o", "%t")
+               .startswith("down"), 60, lambda: rest_cluster.log_tail("slurmctld"))
+    assert rest_cluster.rest.lost_nodes(nodes) == CLIENTS.lost_nodes(nodes) == [nodes[1]]
 
 
 def test_a_bad_token_or_a_slurmrestd_that_does_not_answer_is_a_slurm_error_saying_so(
