@@ -13,6 +13,8 @@ limit; the shell (jobs.backends.slurm's script) runs `python -m engine.runtime.s
 --bus URL`, which asks for a cold pause (`TIME_LIMIT_COMMAND`) on the job's control channel,
 so the ranks checkpoint at the next step boundary and stop (the platform submits it again
 from there). Only the shell is signalled: every other process of the step keeps running.
+Where Slurm cannot be asked for that warning (a job submitted through slurmrestd), the
+platform runs the same command itself when the job's end time is that near.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 the spec: `backend` ("hosts" or "slurm"; default RINGSIDE_BACKEND) and `slurm` (`partition`,
 `account`, `qos`, `constraint`, `gres`, `time_limit` in minutes). Every string lands on an
 `#SBATCH` line, so each is held to Slurm's own name syntax (no space, newline or shell
-character). A Slurm job is also checked against its partition's limits (`scontrol show
-partition`: the nodes, the time limit), each error naming the field it is about."""
+character). A Slurm job is also checked against its partition's limits (the nodes, the time
+limit; from `scontrol`, or from slurmrestd where RINGSIDE_SLURMRESTD_URL is set), each error
+naming the field it is about."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from jobs.backends.base import NAMES
-from jobs.backends.slurm import SlurmError, client
+from jobs.backends.slurm import SlurmError, slurm
 
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
@@ -36,17 +37,17 @@ def parse(data: dict[str, Any], hosts: int, errors: dict[str, str]) -> tuple[str
     if backend not in NAMES:
         errors["backend"] = f"must be one of {', '.join(NAMES)}"
         return backend, {}
-    slurm = data.get("slurm")
-    if slurm is None:
+    given = data.get("slurm")
+    if given is None:
         return backend, {}
     if backend != "slurm":
         errors["slurm"] = "only a job on the slurm backend takes Slurm options"
         return backend, {}
-    body = SlurmOptions(data=slurm if isinstance(slurm, dict) else {})
-    if not isinstance(slurm, dict):
+    body = SlurmOptions(data=given if isinstance(given, dict) else {})
+    if not isinstance(given, dict):
         errors["slurm"] = "must be an object"
-    elif set(slurm) - set(body.fields):
-        errors.update({f"slurm.{k}": "unknown field" for k in set(slurm) - set(body.fields)})
+    elif set(given) - set(body.fields):
+        errors.update({f"slurm.{k}": "unknown field" for k in set(given) - set(body.fields)})
     elif not body.is_valid():
         errors.update({f"slurm.{k}": " ".join(map(str, v)) for k, v in body.errors.items()})
     else:
@@ -57,35 +58,23 @@ def parse(data: dict[str, Any], hosts: int, errors: dict[str, str]) -> tuple[str
 
 def partition_errors(options: dict[str, Any], hosts: int) -> dict[str, str]:
     """What the partition would refuse: more nodes than its MaxNodes (`parallel.hosts`), a
-    longer time limit than its MaxTime (`slurm.time_limit`), or no such partition."""
+    longer time limit than its MaxTime (`slurm.time_limit`), or no such partition, as Slurm
+    (its clients, or slurmrestd: jobs.backends.slurm's `slurm()`) shows its partitions."""
     name = options.get("partition", "")
     try:
-        text = client("scontrol", "-o", "show", "partition", *([name] if name else []))
+        known = slurm().partitions()
     except SlurmError as error:
         field = "slurm.partition" if name else "backend"
         return {field: f"Slurm does not answer for it: {error}"}
-    lines = [line for line in text.splitlines() if "Default=YES" in line or name]
-    if not lines:
-        return {"slurm.partition": "the cluster has no default partition: name one"}
-    limits = dict(item.partition("=")[::2] for item in lines[0].split())
+    partition = next((p for p in known if (p.name == name if name else p.default)), None)
+    if partition is None:
+        return {"slurm.partition": f"the cluster has no partition {name}" if name else
+                "the cluster has no default partition: name one"}
     errors = {}
-    if limits.get("MaxNodes", "UNLIMITED").isdigit() and hosts > int(limits["MaxNodes"]):
-        errors["parallel.hosts"] = (f"partition {limits['PartitionName']} allows at most "
-                                    f"{limits['MaxNodes']} nodes a job; this asks for {hosts}")
-    most = minutes(limits.get("MaxTime", "UNLIMITED"))
+    if partition.max_nodes is not None and hosts > partition.max_nodes:
+        errors["parallel.hosts"] = (f"partition {partition.name} allows at most "
+                                    f"{partition.max_nodes} nodes a job; this asks for {hosts}")
+    most = partition.max_minutes
     if most is not None and options.get("time_limit", 0) > most:
-        errors["slurm.time_limit"] = (f"partition {limits['PartitionName']} allows at most "
-                                      f"{most} minutes")
+        errors["slurm.time_limit"] = f"partition {partition.name} allows at most {most} minutes"
     return errors
-
-
-def minutes(text: str) -> int | None:
-    """Slurm's `[D-]HH:MM:SS` (or `MM`) as whole minutes; None for UNLIMITED."""
-    if not text[:1].isdigit():
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) == 1:
-        return int(days or 0) * 1440 + parts[0]
-    hours, mins = (parts + [0])[:2] if len(parts) == 3 else (0, parts[0])
-    return int(days or 0) * 1440 + hours * 60 + mins

@@ -22,7 +22,9 @@ Every call to Slurm goes through one small interface (`Slurm`, from `slurm()`): 
 command-line clients (`Clients`), or its REST API where the operator sets
 RINGSIDE_SLURMRESTD_URL (jobs.backends.slurm_rest). The batch script's options are one table
 (`sbatch_options`): the script's `#SBATCH` lines, and for slurmrestd, which reads none of
-them, the job descriptor sent beside the script.
+them, the job descriptor sent beside the script. Where Slurm cannot be asked to warn the job
+of its time limit (slurmrestd: `warns_of_time_limit` is False), jobs.backends.slurm_run runs
+the script's warning (`time_limit_warning`) itself, from the end time Slurm reports.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class SlurmError(LaunchRefused):
 
 
 def client(*args: str) -> str:
-    """Run a Slurm client (sbatch, squeue, ...) and return its output; SlurmError if it fails."""
+    """Run a Slurm client (sbatch, squeue, ...), or the time limit's warning
+    (`time_limit_warning`), and return its output; SlurmError if it fails."""
     try:
         done = subprocess.run(list(args), capture_output=True, text=True, env=engine_env(),
                               timeout=CLIENT_TIMEOUT_S)
@@ -163,13 +166,27 @@ class Seen(NamedTuple):
     reason: str  # why it is pending
     code: int  # its exit code once it ended (a signal's as its negative)
     nodes: str = ""  # the nodes it runs on, a Slurm node list (`hostnames` expands it)
+    # when its time limit ends it (epoch seconds), while it runs, where Slurm does not warn it
+    # (`Slurm.warns_of_time_limit`): the platform warns it then
+    ends_at: float | None = None
 
 
+class Partition(NamedTuple):
+    """A partition's limits on one job (None: unlimited)."""
+
+    name: str
+    default: bool  # a job naming no partition runs in it
+    max_nodes: int | None
+    max_minutes: int | None
 
 
 class Slurm(Protocol):
     """The calls the backend makes to Slurm, through its clients or its REST API; each raises
     SlurmError with Slurm's own word when Slurm refuses or fails."""
+
+    # whether Slurm itself warns a running job of its time limit (the batch script's
+    # `--signal`); where not, `look` reports when the job ends (`Seen.ends_at`)
+    warns_of_time_limit: bool
 
     def submit(self, script: Path, options: dict[str, str | bool]) -> str:
         """Submit the batch `script` with `options` (`sbatch_options`); the Slurm job's id."""
@@ -189,6 +206,9 @@ class Slurm(Protocol):
     def node_down_within_s(self) -> float:
         """How long after a node fell silent Slurm may still be finding out."""
 
+    def partitions(self) -> list[Partition]:
+        """The cluster's partitions."""
+
 
 # Slurm's defaults of the timeouts `down_within_s` reads
 SLURM_DEFAULTS = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
@@ -196,6 +216,8 @@ SLURM_DEFAULTS = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
 
 class Clients:
     """Slurm through its command-line clients."""
+
+    warns_of_time_limit = True  # sbatch takes the script's `--signal=B:USR1@<lead>`
 
     def submit(self, script: Path, options: dict[str, str | bool]) -> str:
         """`sbatch --parsable`: the script's `#SBATCH` lines carry the options."""
@@ -248,6 +270,18 @@ class Clients:
                 config[name.strip()] = value.split()[0]
         return down_within_s(config)
 
+    def partitions(self) -> list[Partition]:
+        """From `scontrol -a show partition` (hidden ones too)."""
+        found = []
+        for line in client("scontrol", "-a", "-o", "show", "partition").splitlines():
+            fields = dict(item.partition("=")[::2] for item in line.split())
+            if "PartitionName" in fields:
+                nodes = fields.get("MaxNodes", "UNLIMITED")
+                found.append(Partition(fields["PartitionName"], fields.get("Default") == "YES",
+                                       int(nodes) if nodes.isdigit() else None,
+                                       minutes(fields.get("MaxTime", "UNLIMITED"))))
+        return found
+
 
 CLIENTS = Clients()
 
@@ -266,6 +300,18 @@ def exit_code(text: str) -> int:
     return -int(sig) if sig and int(sig) else int(code)
 
 
+def minutes(text: str) -> int | None:
+    """Slurm's `[D-]HH:MM:SS` (or `MM`) as whole minutes; None for UNLIMITED."""
+    if not text[:1].isdigit():
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        return int(days or 0) * 1440 + parts[0]
+    hours, mins = (parts + [0])[:2] if len(parts) == 3 else (0, parts[0])
+    return int(days or 0) * 1440 + hours * 60 + mins
+
+
 def slurm() -> Slurm:
     """How the platform talks to Slurm: through its REST API where RINGSIDE_SLURMRESTD_URL is
     set (jobs.backends.slurm_rest), else through its clients."""
@@ -282,15 +328,23 @@ def submit(job: Job) -> str:
     spec_path = write_spec(job, job.spec)
     bus = settings.SLURM_BUS_URL or settings.REDIS_URL
     command = engine_command(job, spec_path, bus_url=bus)
-    warning = [sys.executable, "-m", "engine.runtime.slurm", "--job", str(job.pk),
-               "--bus", bus]
     script = spec_path.parent / "slurm.sh"
-    script.write_text(batch_script(job, job.spec, command, warning), encoding="utf-8")
+    script.write_text(batch_script(job, job.spec, command, time_limit_warning(job, bus)),
+                      encoding="utf-8")
     slurm_id = slurm().submit(script, sbatch_options(job, job.spec))
     Job.objects.filter(pk=job.pk).update(backend_ref=slurm_id)
     log.info("job %s: submitted as Slurm job %s on %s node(s) (resuming from %s)", job.pk,
              slurm_id, job.spec["parallel"].get("hosts", 1), resume_point(job))
     return slurm_id
+
+
+def time_limit_warning(job: Job, bus_url: str = "") -> list[str]:
+    """The command that warns `job` of its time limit (engine.runtime.slurm: a cold pause on
+    its control channel), run by the batch script when Slurm warns it, else by the platform
+    (jobs.backends.slurm_run); `bus_url`: the Redis as the command's machine reaches it
+    (default: the platform's own)."""
+    return [sys.executable, "-m", "engine.runtime.slurm", "--job", str(job.pk),
+            "--bus", bus_url or settings.REDIS_URL]
 
 
 def resubmits(job: Job, args: dict[str, Any]) -> bool:

@@ -10,13 +10,18 @@ environment sbatch would have passed on. Where it differs from the clients:
 
 - the time limit's warning: slurmrestd 22.05 refuses `B:` in `signal` (only sbatch may ask
   for the batch shell alone), and a warning to the job's steps would kill the launchers, so
-  the descriptor asks for none: a job submitted this way is not paused before its time limit
-  (it ends TIMEOUT). Give such jobs no `time_limit` shorter than their run.
+  the descriptor asks for none (`warns_of_time_limit` is False). `look` reports instead when
+  a running job's time limit ends it (`end_time`), and the platform runs the batch script's
+  warning itself that long before (jobs.backends.slurm_run), as often as it looks
+  (RINGSIDE_SLURM_POLL_S) rather than at Slurm's 30 s check.
 - a job is known only while the controller remembers it (MinJobAge, 300 s by default; the
   platform looks every RINGSIDE_SLURM_POLL_S): there is no accounting (`sacct`) to fall back
   on without slurmdbd.
 - the configuration is not shown: how soon a silent node is marked down is the setting
   RINGSIDE_SLURM_NODE_DOWN_WITHIN_S (default: from Slurm's default timeouts).
+
+The partitions' limits (`partitions`) come from `GET /partitions`, so with slurmrestd the web
+server checking a job's options needs no `scontrol` either.
 
 Every refusal or failure is a SlurmError with slurmrestd's own words (its `errors`), the HTTP
 status, or why it could not be reached.
@@ -37,6 +42,7 @@ from jobs.backends.slurm import (
     CLIENT_TIMEOUT_S,
     REST_NAMES,
     SLURM_DEFAULTS,
+    Partition,
     Seen,
     SlurmError,
     down_within_s,
@@ -51,6 +57,7 @@ REFUSED_TOKEN = ("Unspecified error", "Zero Bytes were transmitted or received")
 # the node states and flags sinfo shows as down, failed, drained (draining) or not responding
 LOST_STATES = frozenset({"down"})
 LOST_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING"})
+UNLIMITED = -1  # slurmrestd's word for a partition's INFINITE limit
 
 
 def descriptor(options: dict[str, str | bool], environment: dict[str, str]) -> dict[str, Any]:
@@ -66,8 +73,15 @@ def exit_code(status: int) -> int:
     return -(status & 0x7F) if status & 0x7F else status >> 8
 
 
+def limit(value: int | None) -> int | None:
+    """A partition's limit as slurmrestd gives it (nodes, minutes); None: unlimited."""
+    return None if value in (None, UNLIMITED) else value
+
+
 class SlurmRest:
     """One slurmrestd, as one user."""
+
+    warns_of_time_limit = False  # see the module's docstring
 
     def __init__(self, url: str, user: str, token: str):
         self.url, self.user, self.token = url.rstrip("/"), user, token
@@ -87,7 +101,8 @@ class SlurmRest:
     def look(self, slurm_id: str) -> Seen:
         """What the controller says of the job (`GET /job/<id>`), as the clients report it:
         its nodes only while it may still run (as names: slurmrestd lists each allocated
-        node), its reason "None" where it has none."""
+        node), its reason "None" where it has none; and, while it runs, when its time limit
+        ends it."""
         jobs = self._call("GET", f"/job/{slurm_id}").get("jobs") or []
         if not jobs:
             raise SlurmError(f"slurmrestd at {self.url}: Slurm job {slurm_id}: not found")
@@ -97,7 +112,9 @@ class SlurmRest:
             return Seen(state, job.get("state_reason") or "", exit_code(job["exit_code"]))
         allocated = (job.get("job_resources") or {}).get("allocated_nodes") or []
         return Seen(state, job.get("state_reason") or "", 0,
-                    ",".join(node["nodename"] for node in allocated))
+                    ",".join(node["nodename"] for node in allocated),
+                    float(job["end_time"]) if state == "RUNNING" and job.get("end_time")
+                    else None)
 
     def hostnames(self, nodes: str) -> list[str]:
         """The names in a node list `look` gave (slurmrestd has no call that expands one)."""
@@ -119,6 +136,12 @@ class SlurmRest:
     def node_down_within_s(self) -> float:
         """RINGSIDE_SLURM_NODE_DOWN_WITHIN_S: slurmrestd does not show the configuration."""
         return settings.SLURM_NODE_DOWN_WITHIN_S or down_within_s(SLURM_DEFAULTS)
+
+    def partitions(self) -> list[Partition]:
+        """`GET /partitions`."""
+        return [Partition(p["name"], "default" in (p.get("flags") or []),
+                          limit(p.get("maximum_nodes_per_job")), limit(p.get("max_time_limit")))
+                for p in self._call("GET", "/partitions").get("partitions") or []]
 
     def _call(self, method: str, path: str, **request: Any) -> dict[str, Any]:
         """slurmrestd's answer to one request; SlurmError with its words if it refused it or

@@ -2,7 +2,10 @@
 submits them), and the `slurm` backend that starts it.
 
 `SlurmRun.poll` asks Slurm at most every SLURM_POLL_S; while Slurm holds the job pending, its
-reason is the Ringside job's waiting reason. The launch usually ends with its Slurm job, except:
+reason is the Ringside job's waiting reason. Where Slurm does not warn a running job of its time
+limit (through slurmrestd), the poll does: SLURM_SIGNAL_LEAD_S before the end time Slurm
+reports, it runs the batch script's warning (jobs.backends.slurm.time_limit_warning) once. The
+launch usually ends with its Slurm job, except:
 
 - a reshard onto another node count: jobs.commands delivers it to the engine as a cold pause
   (jobs.backends.slurm.resubmits); once that Slurm job ended, the job's spec takes the new
@@ -32,7 +35,16 @@ from django.conf import settings
 from engine.contract import AnomalyEvent, AnomalyKind, ExitCode, MembershipEvent
 from engine.runtime.events import EventLog
 from engine.runtime.spec import SpecError, layout_on_hosts, parse_spec, reshard_layout
-from jobs.backends.slurm import ALIVE, Seen, SlurmError, resubmits, slurm, submit
+from jobs.backends.slurm import (
+    ALIVE,
+    Seen,
+    SlurmError,
+    client,
+    resubmits,
+    slurm,
+    submit,
+    time_limit_warning,
+)
 from jobs.launch import run_dir
 from jobs.models import SUPERVISED, Command, CommandKind, Job, State
 
@@ -61,8 +73,10 @@ class SlurmRun:
         self.asked_at = time.monotonic()
         seen = slurm().look(self.slurm_id)
         self.state = seen.state
-        if seen.state == "RUNNING" and seen.nodes != self.placed:
-            self.placed, self.nodes = seen.nodes, slurm().hostnames(seen.nodes)
+        if seen.state == "RUNNING":
+            if seen.nodes != self.placed:
+                self.placed, self.nodes = seen.nodes, slurm().hostnames(seen.nodes)
+            self._warn_of_time_limit(seen)
         if seen.state in ALIVE and not self._stopped(seen):
             self._waiting(seen.reason if seen.state == "PENDING" else "")
             return None
@@ -92,6 +106,24 @@ class SlurmRun:
         self.nodes: list[str] = []  # where it runs, once Slurm started it
         self.placed = ""  # the compressed node list they were read from
         self.settle_by: float | None = None  # a failed end waits this long to see a node down
+        self.warned = False  # of its time limit, by the platform (`_warn_of_time_limit`)
+
+    def _warn_of_time_limit(self, seen: Seen) -> None:
+        """Where Slurm does not warn the running job of its time limit (slurmrestd), warn it as
+        the batch script's trap would, once SLURM_SIGNAL_LEAD_S are left; once a run (a
+        failed warning is tried again at the next look)."""
+        if self.warned or slurm().warns_of_time_limit or seen.ends_at is None:
+            return
+        if time.time() < seen.ends_at - settings.SLURM_SIGNAL_LEAD_S:
+            return
+        try:
+            client(*time_limit_warning(self.job))
+        except SlurmError as error:
+            log.warning("job %s: the time limit's warning failed: %s", self.job.pk, error)
+            return
+        self.warned = True
+        log.info("job %s: %s ends at its time limit in %.0f s: warned", self.job.pk, self.ref,
+                 seen.ends_at - time.time())
 
     def _stopped(self, seen: Seen) -> bool:
         """Whether the Slurm job Slurm still holds stopped running where it ran: pending again
@@ -115,7 +147,7 @@ class SlurmRun:
             return self._after_loss(lost)
         if seen.state in ALIVE:  # requeued by Slurm: it runs again when Slurm has the nodes
             log.warning("job %s: Slurm requeued %s (lost: %s)", self.job.pk, self.ref, lost)
-            self.placed, self.nodes = "", []
+            self.placed, self.nodes, self.warned = "", [], False  # its next run is warned anew
             return True
         return False
 

@@ -7,17 +7,26 @@ clients (jobs.backends.slurm.Clients) say of the same Slurm job:
 - a job submitted through slurmrestd is followed to its end with the state, reason and exit
   code the clients report; one Slurm holds pending shows Slurm's reason; cancelling and
   signalling reach it;
+- a job Slurm does not warn of its time limit (slurmrestd cannot ask it to) is warned by the
+  platform, once, when the batch script's trap would have been;
+- a partition's limits refuse the same fields through slurmrestd as through `scontrol`, and a
+  node Slurm marks down is lost alike;
 - a bad token, or a slurmrestd that does not answer, is a SlurmError saying so.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 import pytest
+import redis
 
+from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
+from engine.contract import TIME_LIMIT_COMMAND, control_stream
 from engine.ports import free_port
+from jobs.backends.options import partition_errors
 from jobs.backends.slurm import (
     ALIVE,
     CLIENTS,
@@ -25,8 +34,10 @@ from jobs.backends.slurm import (
     SlurmError,
     batch_script,
     sbatch_options,
+    slurm,
 )
 from jobs.backends.slurm_rest import NOT_SENT, SlurmRest, descriptor
+from jobs.backends.slurm_run import SlurmRun
 from jobs.launch import run_dir
 from jobs.models import Job
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
@@ -44,6 +55,14 @@ def rest_cluster(slurm_cluster):  # noqa: F811
     cluster = slurm_cluster(2, rest=True)
     cluster.rest = SlurmRest(cluster.rest_url, "root", cluster.token)
     return cluster
+
+
+@pytest.fixture
+def over_rest(rest_cluster, settings):
+    """The platform talks to the cluster through its slurmrestd."""
+    settings.SLURMRESTD_URL = rest_cluster.rest_url
+    settings.SLURMRESTD_USER, settings.SLURMRESTD_TOKEN = "root", rest_cluster.token
+    return settings
 
 
 def one_node_job(user, cluster) -> Job:
@@ -121,7 +140,8 @@ def test_a_pending_job_shows_slurms_reason_and_cancelling_or_signalling_reaches_
     running = rest.submit(script, whole)
     eventually(lambda: rest.look(running).state == "RUNNING", 30, lambda: str(rest.look(running)))
     by_rest, by_cli = rest.look(running), CLIENTS.look(running)
-    assert by_rest._replace(nodes="") == by_cli._replace(nodes="")
+    assert by_rest._replace(nodes="", ends_at=None) == by_cli._replace(nodes="")
+    assert by_rest.ends_at is not None and by_cli.ends_at is None  # Slurm warns the latter
     assert rest.hostnames(by_rest.nodes) == CLIENTS.hostnames(by_cli.nodes) == [
         rest_cluster.node(h) for h in range(2)]  # where it runs, as the clients say
     pending = rest.submit(script, whole)
@@ -136,6 +156,66 @@ def test_a_pending_job_shows_slurms_reason_and_cancelling_or_signalling_reaches_
     ended(rest_cluster, running, eventually)
     assert rest.look(running) == CLIENTS.look(running)
     assert rest.lost_nodes([rest_cluster.node(h) for h in range(2)]) == []
+
+
+def test_a_job_slurm_does_not_warn_is_warned_by_the_platform_once_its_time_limit_is_near(
+        over_rest, rest_cluster, user, platform_redis_url, eventually):
+    over_rest.SLURM_POLL_S = 0
+    over_rest.SLURM_SIGNAL_LEAD_S = 120  # more than its whole time limit: due at once
+    job = Job.objects.create(name="timed", owner=user, backend="slurm",
+                             spec={"parallel": {"nodes": 1, "procs_per_node": 1, "hosts": 1}},
+                             backend_options={"slurm": {"time_limit": 1}})
+    bus = redis.Redis.from_url(platform_redis_url)
+    bus.delete(control_stream(str(job.pk)))  # an earlier test's job of the same id
+    script = script_of(job, ["sh", "-c", "sleep 300"])  # the launcher's arguments ignored
+    run = SlurmRun(job, slurm().submit(script, sbatch_options(job, job.spec)))
+    try:
+        eventually(lambda: run.poll() is None and run.state == "RUNNING", 30,
+                   lambda: f"{run.state}\n{rest_cluster.log_tail('slurmctld')}\n"
+                           f"{(run_dir(job) / 'stderr.log').read_text(errors='replace')}")
+        for _ in range(3):
+            assert run.poll() is None
+        over_rest.SLURMRESTD_URL = ""  # through the clients: the script's trap warns it
+        SlurmRun(job, run.slurm_id).poll()
+        sent = [json.loads(fields[b"command"])
+                for _, fields in bus.xrange(control_stream(str(job.pk)))]
+        assert sent == [{"kind": "pause", "args": {}, "id": TIME_LIMIT_COMMAND}]
+    finally:
+        CLIENTS.cancel(run.slurm_id)
+        bus.close()
+
+
+def test_the_partitions_limits_refuse_the_same_fields_through_slurmrestd_as_through_scontrol(
+        rest_cluster, settings, monkeypatch):
+    rest_cluster.client("scontrol", "create", "PartitionName=days", "Nodes=ALL", "MaxNodes=1",
+                        "MaxTime=1-00:10:00")
+    rest_cluster.client("scontrol", "create", "PartitionName=free", "Nodes=ALL", "Hidden=YES",
+                        "MaxNodes=UNLIMITED", "MaxTime=UNLIMITED")
+    over = {"parallel.hosts", "slurm.time_limit"}
+    cases = [  # (options, hosts) -> the fields refused
+        (({"time_limit": MAX_TIME_MIN + 1}, MAX_NODES + 1), over),  # the default partition
+        (({"partition": PARTITION, "time_limit": MAX_TIME_MIN}, MAX_NODES), set()),
+        (({"partition": "nosuch"}, 1), {"slurm.partition"}),
+        (({"partition": "days", "time_limit": 1451}, 2), over),
+        (({"partition": "days", "time_limit": 1450}, 1), set()),
+        (({"partition": "free", "time_limit": 525600}, 64), set())]
+    by_cli = [partition_errors(*case) for case, _ in cases]
+    assert [set(errors) for errors in by_cli] == [fields for _, fields in cases], by_cli
+    assert "at most 1 nodes" in by_cli[3]["parallel.hosts"]
+
+    settings.SLURMRESTD_URL = rest_cluster.rest_url
+    settings.SLURMRESTD_USER, settings.SLURMRESTD_TOKEN = "root", rest_cluster.token
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")  # no client reaches the cluster now
+    assert [partition_errors(*case) for case, _ in cases] == by_cli
+
+
+def test_a_node_slurm_marks_down_is_lost_through_slurmrestd_as_through_sinfo(
+        rest_cluster, eventually):
+    nodes = [rest_cluster.node(h) for h in range(2)]
+    rest_cluster.kill_node(1)
+    eventually(lambda: rest_cluster.client("sinfo", "-h", "-n", nodes[1], "-o", "%t")
+               .startswith("down"), 60, lambda: rest_cluster.log_tail("slurmctld"))
+    assert rest_cluster.rest.lost_nodes(nodes) == CLIENTS.lost_nodes(nodes) == [nodes[1]]
 
 
 def test_a_bad_token_or_a_slurmrestd_that_does_not_answer_is_a_slurm_error_saying_so(
