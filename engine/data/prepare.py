@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -101,10 +100,6 @@ def _init_worker(tokenizer: Tokenizer, roots: Sequence[str], process: bool = Tru
     global _worker
     if process:  # one core per worker process; in the caller's, the tokenizer's own threads
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        # A fork inherits the caller's Python SIGTERM handler (torch's elastic launcher sets one
-        # that runs only between bytecodes), and a worker in native code would then outlive
-        # Pool.terminate: the default ends it wherever it is.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker = (tokenizer, tuple(roots))
 
 
@@ -118,8 +113,10 @@ def _tokenize(piece: Piece) -> PieceTokens:
 
 class _Workers:
     """Pieces tokenised in order, by worker processes (or in this one, for one worker). The
-    workers are forked: they start in milliseconds, where spawned ones would each import the
-    engine first, and use nothing of the parent's but the tokenizer."""
+    workers come from a fork server, a process started clean (one thread, this module
+    imported) that forks each in milliseconds; they get the tokenizer pickled. Forked from the
+    caller itself, a worker could inherit a lock that another of the caller's threads held at
+    the fork (a checkpoint writer's, a client's) and wait on it for good."""
 
     def __init__(self, workers: int, tokenizer: Tokenizer, roots: Sequence[str],
                  todo: Sequence[Piece]):
@@ -129,8 +126,9 @@ class _Workers:
             self.count = 1  # starting processes would cost more than they save
         self.pool = None
         if self.count > 1:
-            self.pool = multiprocessing.get_context("fork").Pool(
-                self.count, _init_worker, (tokenizer, tuple(roots)))
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])  # if the server is not running yet
+            self.pool = context.Pool(self.count, _init_worker, (tokenizer, tuple(roots)))
         else:
             _init_worker(tokenizer, roots, process=False)
 

@@ -14,7 +14,8 @@ from django.conf import settings
 from rest_framework import serializers
 
 from jobs.backends.base import NAMES
-from jobs.backends.slurm import SlurmError, slurm
+from jobs.backends.slurm import slurm
+from jobs.backends.slurm_calls import SlurmError
 
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
@@ -44,23 +44,22 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from common.services import engine_env
-from jobs.backends.base import LaunchRefused
+from jobs.backends.slurm_calls import (
+    ALIVE,
+    CLIENT_TIMEOUT_S,
+    SLURM_DEFAULTS,
+    Partition,
+    Seen,
+    Slurm,
+    SlurmError,
+    down_within_s,
+)
+from jobs.backends.slurm_rest import SlurmRest
 from jobs.dispatch import RUN_JOB
 from jobs.launch import checkpoint_folder, engine_command, resume_point, run_dir, write_spec
 from jobs.models import Job, State
 
 log = logging.getLogger(__name__)
-
-CLIENT_TIMEOUT_S = 30
-# Slurm's states in which the job may still run (a requeued job is pending again)
-ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED",
-                   "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "SIGNALING",
-                   "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED"})
-
-
-class SlurmError(LaunchRefused):
-    """A Slurm client refused or failed; its message says what Slurm said."""
-
 
 def client(*args: str) -> str:
     """Run a Slurm client (sbatch, squeue, ...), or the time limit's warning
@@ -97,18 +96,6 @@ def place_waiting() -> list[Job]:
             continue
         sent.append(job)
     return sent
-
-
-# each option of the batch script, by sbatch's long name, and its name in slurmrestd's job
-# descriptor (which takes sbatch's options by these names and parses their values as sbatch
-# does)
-REST_NAMES = {"job-name": "name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
-              "signal": "signal", "requeue": "requeue", "output": "standard_output",
-              "error": "standard_error", "open-mode": "open_mode",
-              "chdir": "current_working_directory", "gres": "gres",
-              "cpus-per-task": "cpus_per_task", "time": "time_limit", "partition": "partition",
-              "account": "account", "qos": "qos", "constraint": "constraints",
-              "exclude": "exclude_nodes"}
 
 
 def sbatch_options(job: Job, spec: dict) -> dict[str, str | bool]:
@@ -157,61 +144,6 @@ def batch_script(job: Job, spec: dict, command: list[str], warning: list[str]) -
         # step runs, then once more for its own exit status
         'while kill -0 "$step" 2>/dev/null; do wait "$step"; done',
         'wait "$step"', ""])
-
-
-class Seen(NamedTuple):
-    """What Slurm says of one of its jobs."""
-
-    state: str
-    reason: str  # why it is pending
-    code: int  # its exit code once it ended (a signal's as its negative)
-    nodes: str = ""  # the nodes it runs on, a Slurm node list (`hostnames` expands it)
-    # when its time limit ends it (epoch seconds), while it runs, where Slurm does not warn it
-    # (`Slurm.warns_of_time_limit`): the platform warns it then
-    ends_at: float | None = None
-
-
-class Partition(NamedTuple):
-    """A partition's limits on one job (None: unlimited)."""
-
-    name: str
-    default: bool  # a job naming no partition runs in it
-    max_nodes: int | None
-    max_minutes: int | None
-
-
-class Slurm(Protocol):
-    """The calls the backend makes to Slurm, through its clients or its REST API; each raises
-    SlurmError with Slurm's own word when Slurm refuses or fails."""
-
-    # whether Slurm itself warns a running job of its time limit (the batch script's
-    # `--signal`); where not, `look` reports when the job ends (`Seen.ends_at`)
-    warns_of_time_limit: bool
-
-    def submit(self, script: Path, options: dict[str, str | bool]) -> str:
-        """Submit the batch `script` with `options` (`sbatch_options`); the Slurm job's id."""
-
-    def look(self, slurm_id: str) -> Seen:
-        """What Slurm says of `slurm_id`."""
-
-    def hostnames(self, nodes: str) -> list[str]:
-        """The node list of a `Seen` (compressed: `h[0-1]`) as names."""
-
-    def cancel(self, slurm_id: str, sig: signal.Signals | None = None) -> None:
-        """`sig` to every process of the job (its batch shell and steps); None: cancel it."""
-
-    def lost_nodes(self, nodes: list[str]) -> list[str]:
-        """Those of `nodes` Slurm holds down, failed, drained or not responding."""
-
-    def node_down_within_s(self) -> float:
-        """How long after a node fell silent Slurm may still be finding out."""
-
-    def partitions(self) -> list[Partition]:
-        """The cluster's partitions."""
-
-
-# Slurm's defaults of the timeouts `down_within_s` reads
-SLURM_DEFAULTS = {"SlurmdTimeout": "300", "MessageTimeout": "10"}
 
 
 class Clients:
@@ -286,14 +218,6 @@ class Clients:
 CLIENTS = Clients()
 
 
-def down_within_s(config: dict[str, str]) -> float:
-    """How long after a node fell silent Slurm may still be finding out: its SlurmdTimeout
-    (how long it waits for a silent node), then a ping's MessageTimeout (a ping to a dead node
-    fails only that late), each twice (Slurm marks it down at a ping after the one that found
-    it silent)."""
-    return 2 * (float(config["SlurmdTimeout"]) + float(config["MessageTimeout"]))
-
-
 def exit_code(text: str) -> int:
     """Slurm's `CODE:SIGNAL` as a process's return code (a signal's as its negative)."""
     code, _, sig = text.partition(":")
@@ -316,8 +240,6 @@ def slurm() -> Slurm:
     """How the platform talks to Slurm: through its REST API where RINGSIDE_SLURMRESTD_URL is
     set (jobs.backends.slurm_rest), else through its clients."""
     if settings.SLURMRESTD_URL:
-        from jobs.backends.slurm_rest import SlurmRest  # it imports this module
-
         return SlurmRest.from_settings()
     return CLIENTS
 

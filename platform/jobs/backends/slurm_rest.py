@@ -37,10 +37,9 @@ import httpx
 from django.conf import settings
 
 from common.services import engine_env
-from jobs.backends.slurm import (
+from jobs.backends.slurm_calls import (
     ALIVE,
     CLIENT_TIMEOUT_S,
-    REST_NAMES,
     SLURM_DEFAULTS,
     Partition,
     Seen,
@@ -49,6 +48,16 @@ from jobs.backends.slurm import (
 )
 
 API = "v0.0.38"
+# each option of the batch script, by sbatch's long name, and its name in slurmrestd's job
+# descriptor (which takes sbatch's options by these names and parses their values as sbatch
+# does)
+REST_NAMES = {"job-name": "name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
+              "signal": "signal", "requeue": "requeue", "output": "standard_output",
+              "error": "standard_error", "open-mode": "open_mode",
+              "chdir": "current_working_directory", "gres": "gres",
+              "cpus-per-task": "cpus_per_task", "time": "time_limit", "partition": "partition",
+              "account": "account", "qos": "qos", "constraint": "constraints",
+              "exclude": "exclude_nodes"}
 # sbatch's options slurmrestd 22.05 cannot take as sbatch does (see the module's docstring)
 NOT_SENT = frozenset({"signal"})
 # what slurmrestd 22.05 answers when the controller refused its token (it passes the request's

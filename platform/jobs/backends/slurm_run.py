@@ -35,16 +35,8 @@ from django.conf import settings
 from engine.contract import AnomalyEvent, AnomalyKind, ExitCode, MembershipEvent
 from engine.runtime.events import EventLog
 from engine.runtime.spec import SpecError, layout_on_hosts, parse_spec, reshard_layout
-from jobs.backends.slurm import (
-    ALIVE,
-    Seen,
-    SlurmError,
-    client,
-    resubmits,
-    slurm,
-    submit,
-    time_limit_warning,
-)
+from jobs.backends.slurm import client, resubmits, slurm, submit, time_limit_warning
+from jobs.backends.slurm_calls import ALIVE, Seen, SlurmError
 from jobs.launch import run_dir
 from jobs.models import SUPERVISED, Command, CommandKind, Job, State
 

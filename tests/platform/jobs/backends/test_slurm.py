@@ -6,13 +6,13 @@ slurmd in each of two emulated hosts' namespaces) with a real worker on a login 
   are refused with the field named;
 - a job Slurm holds pending shows Slurm's reason as its waiting reason, and cancelling it
   cancels the Slurm job;
-- a 2-node x 2-rank job submitted through the API completes on Slurm with the losses of the
-  same job on Ringside's own hosts; one near its time limit is warned (SIGUSR1), checkpoints,
-  is submitted again from there and completes; a paused one gives its allocation back, and
-  its resume and a reshard onto one node are new submissions; one that loses a node mid-run
-  (its slurmd and ranks killed) goes on on the other, or, when `min_hosts` needs both, waits
-  in Slurm's queue at its full size until the node is back; every step is stored once
-  (minutes on two cores each: `make bench`);
+- a 2-node x 2-rank job submitted through the API completes on Slurm, through its clients and
+  through slurmrestd, with the losses of the same job on Ringside's own hosts; one near its time
+  limit is warned (SIGUSR1), checkpoints, is submitted again from there and completes; a paused
+  one gives its allocation back, and its resume and a reshard onto one node are new submissions;
+  one that loses a node mid-run (its slurmd and ranks killed) goes on on the other, or, when
+  `min_hosts` needs both, waits in Slurm's queue at its full size until the node is back; every
+  step is stored once (minutes on two cores each: `make bench`);
 - a reshard onto another host count is refused for a job on Ringside's own hosts.
 """
 
@@ -26,7 +26,8 @@ import pytest
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from common.services import stop_process_group
-from jobs.backends.slurm import ALIVE, CLIENTS
+from jobs.backends.slurm import CLIENTS
+from jobs.backends.slurm_calls import ALIVE
 from jobs.models import Job, State
 from monitor.models import Event, MetricPoint
 from tests.platform.services import worker_process
@@ -56,16 +57,30 @@ def worker_env() -> dict[str, str]:
 
 
 @pytest.fixture
+def slurm_access() -> str:
+    """How the platform reaches Slurm: "clients" (sbatch, squeue, ...) or "rest" (slurmrestd);
+    parametrize it to change it."""
+    return "clients"
+
+
+@pytest.fixture
 def slurm_platform(slurm_cluster, service_env, tmp_path, session_worker_host_drained,  # noqa: F811
-                   worker_env):
+                   worker_env, slurm_access, settings):
     """The cluster, and a worker that submits to it, on this session's database and Redis
-    (the nodes reach that Redis at host 0's gateway)."""
+    (the nodes reach that Redis at host 0's gateway). Through slurmrestd, neither the worker nor
+    the API has Slurm's configuration: no client of theirs could reach the cluster."""
     redis = urlsplit(service_env["REDIS_URL"])
-    cluster = slurm_cluster(2, forward=(redis.port,))
+    cluster = slurm_cluster(2, forward=(redis.port,), rest=slurm_access == "rest")
     bus = redis._replace(netloc=f"{cluster.spec.gateway(0)}:{redis.port}").geturl()
     env = {**service_env, **cluster.env, **FAST, "RINGSIDE_SLURM_SUBMIT": "1",
            "RINGSIDE_SLURM_BUS_URL": bus, "RINGSIDE_HOST_NAME": f"slurm-login-{os.getpid()}",
            **worker_env}
+    if slurm_access == "rest":
+        over_rest = {"URL": cluster.rest_url, "USER": "root", "TOKEN": cluster.token}
+        env |= {f"RINGSIDE_SLURMRESTD_{name}": value for name, value in over_rest.items()}
+        env["SLURM_CONF"] = "/nonexistent"
+        for name, value in over_rest.items():
+            setattr(settings, f"SLURMRESTD_{name}", value)
     worker = worker_process(env, tmp_path / "worker.log")
     cluster.worker_log = worker.log_path
     yield cluster
@@ -148,6 +163,7 @@ def test_a_job_slurm_holds_pending_says_why_and_cancelling_it_cancels_the_slurm_
 
 
 @pytest.mark.bench
+@pytest.mark.parametrize("slurm_access", ["clients", "rest"])
 def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_hosts(
         slurm_platform, api, eventually):
     on_slurm = api.post("/api/jobs/", {**spec("on-slurm", 2, 6), "backend": "slurm"},

@@ -27,16 +27,9 @@ from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from engine.contract import TIME_LIMIT_COMMAND, control_stream
 from engine.ports import free_port
 from jobs.backends.options import partition_errors
-from jobs.backends.slurm import (
-    ALIVE,
-    CLIENTS,
-    REST_NAMES,
-    SlurmError,
-    batch_script,
-    sbatch_options,
-    slurm,
-)
-from jobs.backends.slurm_rest import NOT_SENT, SlurmRest, descriptor
+from jobs.backends.slurm import CLIENTS, batch_script, sbatch_options, slurm
+from jobs.backends.slurm_calls import ALIVE, SlurmError
+from jobs.backends.slurm_rest import NOT_SENT, REST_NAMES, SlurmRest, descriptor
 from jobs.backends.slurm_run import SlurmRun
 from jobs.launch import run_dir
 from jobs.models import Job
