@@ -7,28 +7,31 @@ slurmd in each of two emulated hosts' namespaces) with a real worker on a login 
 - a job Slurm holds pending shows Slurm's reason as its waiting reason, and cancelling it
   cancels the Slurm job;
 - a 2-node x 2-rank job submitted through the API completes on Slurm, through its clients and
-  through slurmrestd, with the losses of the same job on Ringside's own hosts; one near its time
-  limit is warned (SIGUSR1), checkpoints, is submitted again from there and completes; a paused
-  one gives its allocation back, and its resume and a reshard onto one node are new submissions;
-  one that loses a node mid-run (its slurmd and ranks killed) goes on on the other, or, when
-  `min_hosts` needs both, waits in Slurm's queue at its full size until the node is back; every
-  step is stored once (minutes on two cores each: `make bench`);
+  through slurmrestd, its page following it live, with the losses of the same job on Ringside's
+  own hosts; one near its time limit is warned (SIGUSR1), checkpoints, is submitted again from
+  there and completes; a paused one gives its allocation back, and its resume and a reshard onto
+  one node are new submissions; one that loses a node mid-run (its slurmd and ranks killed) goes
+  on on the other, or, when `min_hosts` needs both, waits in Slurm's queue at its full size until
+  the node is back; every step is stored once (minutes on two cores each: `make bench`);
 - a reshard onto another host count is refused for a job on Ringside's own hosts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
 from urllib.parse import urlsplit
 
 import pytest
+from websockets.sync.client import connect
 
 from bench.slurm_cluster import MAX_NODES, MAX_TIME_MIN, PARTITION
 from common.services import stop_process_group
 from jobs.backends.slurm import CLIENTS
 from jobs.backends.slurm_calls import ALIVE
-from jobs.models import Job, State
+from jobs.models import ApiToken, Job, State
 from monitor.models import Event, MetricPoint
 from tests.platform.services import worker_process
 from tests.slurm import slurm_cluster  # noqa: F401 (the fixture)
@@ -162,13 +165,33 @@ def test_a_job_slurm_holds_pending_says_why_and_cancelling_it_cancels_the_slurm_
         slurm_platform.client("scancel", other)
 
 
+def steps_shown(live_server_url: str, token: str, job_id: int, last: int,
+                timeout: float) -> tuple[set[int], set[int]]:
+    """What the job page's socket shows of the job's steps until step `last`: those its
+    snapshot held, and those pushed live after it."""
+    url = f"ws{live_server_url.removeprefix('http')}/ws/jobs/{job_id}/?token={token}"
+    deadline = time.monotonic() + timeout
+    with connect(url, open_timeout=30) as ws:
+        snapshot = json.loads(ws.recv(timeout=30))
+        held = set(snapshot["series"].get("loss", {}).get("step", []))
+        pushed: set[int] = set()
+        while last not in held | pushed:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message["type"] == "step":
+                pushed.add(message["step"])
+    return held, pushed
+
+
 @pytest.mark.bench
 @pytest.mark.parametrize("slurm_access", ["clients", "rest"])
 def test_a_two_node_job_completes_on_slurm_with_the_losses_of_ringsides_own_hosts(
-        slurm_platform, api, eventually):
+        slurm_platform, api, user, live_server_url, eventually):
     on_slurm = api.post("/api/jobs/", {**spec("on-slurm", 2, 6), "backend": "slurm"},
                         format="json").json()["id"]
     on_hosts = api.post("/api/jobs/", spec("on-hosts", 1, 6), format="json").json()["id"]
+    token = ApiToken.objects.create(user=user, name="page").key
+    held, pushed = steps_shown(live_server_url, token, on_slurm, 6, 2 * START_S)
+    assert held | pushed == set(range(1, 7)) and 6 in pushed  # the page follows it live
     for pk in (on_slurm, on_hosts):
         job = finished(Job.objects.get(pk=pk), slurm_platform, eventually, 2 * START_S)
         assert job.state == State.COMPLETED, diagnosis(job, slurm_platform)
