@@ -137,13 +137,9 @@ class _Workers:
             return map(_tokenize, todo)
         return self.pool.imap(_tokenize, todo)
 
-    def close(self, done: bool) -> None:
-        """Done: the workers end when the queue runs dry; otherwise they are stopped now."""
+    def close(self) -> None:
         if self.pool is not None:
-            if done:
-                self.pool.close()
-            else:
-                self.pool.terminate()
+            self.pool.terminate()
             self.pool.join()
 
 
@@ -359,7 +355,6 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
         store.make_folder(dest / split)
     run.tick(force=True)
     pool = _Workers(workers, tok, roots, todo[first:])
-    done = False
     try:
         results = pool.map(todo[first:])
         for k in range(len(records), len(groups)):
@@ -368,9 +363,8 @@ def _prepare_into(dest: Location, files: Sequence[SourceFile], todo: Sequence[Pi
                    run.tag)
             p.shards_done += 1
             run.tick(force=True)
-        done = True
     finally:
-        pool.close(done)
+        pool.close()
     if p.documents == 1 and every:
         _split_single_document(run, records, holdout)
     if not any(r["train"]["documents"] for r in records):
