@@ -382,6 +382,10 @@ def _locked(job_id: int) -> tuple[Goodput, bool]:
     row = Goodput.objects.select_for_update().filter(job_id=job_id).first()
     if row is not None:
         return row, False
+    # the job's row first, as a transition and the ingest's step update lock it before they
+    # fold: a new row's insert checks its job under a share lock, so a reader making the row
+    # beside a transition that made it too would each wait on the other (a deadlock)
+    Job.objects.select_for_update().filter(pk=job_id).exists()
     last = Event.objects.filter(job_id=job_id).order_by("-seq").values_list("seq", flat=True)
     try:
         with transaction.atomic():

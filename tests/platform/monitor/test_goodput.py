@@ -3,9 +3,12 @@ training or to one cause of loss, from stored events and transitions (real datab
 the ingest and the state machine write them)."""
 
 import random
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection, transaction
 
 from engine.contract import parse_event
 from jobs.models import Job, JobEvent
@@ -235,6 +238,57 @@ def test_a_job_without_a_kept_ledger_gets_one_from_what_is_stored(job):
     a_full_run(job)
     Goodput.objects.filter(job=job).delete()
     assert seconds(goodput.current(job.pk)) == EXPECTED
+
+
+def _waiting_on_a_lock() -> bool:
+    """Another connection waits on a lock (read afresh: in a transaction the statistics are
+    otherwise those of its first read)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite takes no row locks: "
+                    "its writers are one at a time")
+def test_a_ledger_read_first_beside_the_jobs_first_transition_makes_it_once_without_deadlock(job):
+    """A page's first read of the ledger makes its row while the supervisor's start (which
+    holds the job's row) makes it too: the reader waits for the start and reads its row."""
+    Goodput.objects.filter(job=job).delete()
+    locked, failures = threading.Event(), []
+
+    def start() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=job.pk)
+                locked.set()
+                deadline = time.monotonic() + 30
+                while not _waiting_on_a_lock() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                job.transition("starting", "worker")
+        except Exception as e:  # noqa: BLE001 (reported by the test's thread)
+            failures.append(e)
+        finally:
+            connection.close()
+
+    def read() -> None:
+        try:
+            locked.wait(30)
+            goodput.stored(job.pk)
+        except Exception as e:  # noqa: BLE001
+            failures.append(e)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start), threading.Thread(target=read)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    assert Job.objects.get(pk=job.pk).state == "starting"
+    assert Goodput.objects.filter(job=job).count() == 1
 
 
 # -- the API -------------------------------------------------------------------------------
