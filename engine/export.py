@@ -34,6 +34,7 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 from engine.checkpoint import CheckpointError, CheckpointInfo, CheckpointReader
 from engine.checkpoint.reader import resolve
@@ -174,11 +175,24 @@ def _pieces_of(name: str, shape: tuple[int, ...], c: MoEConfig) -> list[Piece]:
     return [Piece(prefix + _RENAMES[rest], shape, name)]
 
 
+class _NoNormalInit(TorchFunctionMode):
+    """`normal_` (the tensor's and torch.nn.init's) as a no-op. On the meta device there are no values to draw, and `normal_`,
+    which has no meta kernel, runs its Python reference, whose first call imports
+    torch._dynamo: 5 s of CPU in every process that reads a layout (an export, an evaluation,
+    an `init_from`)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def model_layout(config: MoEConfig) -> tuple[dict[str, tuple[int, tuple[int, ...]]],
                                              dict[str, tuple[int, ...]]]:
     """Our parameters {name: (offset in the flat buffer, shape)} in `model.parameters()`
     order, and our persistent buffers {name: shape}; built on the meta device (no memory)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoNormalInit():
         model = MoEModel(config)
     params, offset = {}, 0
     for name, p in model.named_parameters():
