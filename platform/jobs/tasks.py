@@ -29,7 +29,7 @@ import time
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from engine.runtime.spec import find_latest_good
@@ -47,6 +47,8 @@ __all__ = ["run_job", "run_part", "schedule", "reap", "dispatch", "Supervisor",
            "checkpoint_folder", "run_dir"]
 
 log = logging.getLogger(__name__)
+
+START_RETRY_S, START_RETRIES = 1.0, 10  # a failed start of a job, tried again
 
 
 @shared_task(name=SCHEDULE)
@@ -74,6 +76,10 @@ def run_job(self, job_id: int, incarnation: int | None = None) -> str:
         job.start(supervisor=me)
     except IllegalTransition:
         return job.state  # another supervisor took it first
+    except OperationalError as error:
+        # rolled back (a deadlock, a dropped connection): the job is still queued and placed,
+        # and no other message will come for it, so this one is tried again
+        raise self.retry(exc=error, countdown=START_RETRY_S, max_retries=START_RETRIES) from error
     supervise(job, me)
     return job.state
 
