@@ -176,10 +176,10 @@ def _pieces_of(name: str, shape: tuple[int, ...], c: MoEConfig) -> list[Piece]:
 
 
 class _NoNormalInit(TorchFunctionMode):
-    """`normal_` (the tensor's and torch.nn.init's) as a no-op. On the meta device there are no values to draw, and `normal_`,
-    which has no meta kernel, runs its Python reference, whose first call imports
-    torch._dynamo: 5 s of CPU in every process that reads a layout (an export, an evaluation,
-    an `init_from`)."""
+    """`normal_` (the tensor's and torch.nn.init's) as a no-op. On the meta device there are
+    no values to draw, and `normal_`, which has no meta kernel, runs its Python reference,
+    whose first call imports torch._dynamo: 5 s of CPU in every process that reads a layout
+    (an export, an evaluation, an `init_from`)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

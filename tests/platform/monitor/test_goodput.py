@@ -241,12 +241,12 @@ def test_a_job_without_a_kept_ledger_gets_one_from_what_is_stored(job):
 
 
 def _waiting_on_a_lock() -> bool:
-    """Another connection waits on a lock (read afresh: in a transaction the statistics are
-    otherwise those of its first read)."""
+    """Another connection to this test database waits on a lock (read afresh: in a
+    transaction the statistics are otherwise those of its first read)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                       "AND pid <> pg_backend_pid()")
+                       "AND datname = current_database() AND pid <> pg_backend_pid()")
         return cursor.fetchone()[0] > 0
 
 
@@ -259,29 +259,29 @@ def test_a_ledger_read_first_beside_the_jobs_first_transition_makes_it_once_with
     locked, failures = threading.Event(), []
 
     def start() -> None:
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().get(pk=job.pk)
-                locked.set()
-                deadline = time.monotonic() + 30
-                while not _waiting_on_a_lock() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                job.transition("starting", "worker")
-        except Exception as e:  # noqa: BLE001 (reported by the test's thread)
-            failures.append(e)
-        finally:
-            connection.close()
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=job.pk)
+            locked.set()
+            deadline = time.monotonic() + 30
+            while not _waiting_on_a_lock() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            job.transition("starting", "worker")
 
     def read() -> None:
-        try:
-            locked.wait(30)
-            goodput.stored(job.pk)
-        except Exception as e:  # noqa: BLE001
-            failures.append(e)
-        finally:
-            connection.close()
+        locked.wait(30)
+        goodput.stored(job.pk)
 
-    threads = [threading.Thread(target=start), threading.Thread(target=read)]
+    def on_its_own_connection(call) -> threading.Thread:
+        def run() -> None:
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 (reported by the test's thread)
+                failures.append(e)
+            finally:
+                connection.close()
+        return threading.Thread(target=run)
+
+    threads = [on_its_own_connection(start), on_its_own_connection(read)]
     for thread in threads:
         thread.start()
     for thread in threads:
