@@ -52,10 +52,15 @@ def wait_s(ops: dict) -> float:
     return (compute[-1] - statistics.median(compute[:-1])) / 1000
 
 
+def data_wait_s(ops: dict) -> float:
+    """The step's wait on its data (on a busy machine the loader can fall behind)."""
+    return ops["data_wait_share"] * ops["step_ms"] / 1000
+
+
 def expected_seconds(job: Job) -> dict[str, float]:
     """Each cause's seconds, read off the stored timestamps: the windows between the events
     that open and close each loss, the checkpoints' blocking time, the waits for the slow rank
-    and the evaluations; productive is the rest of the wall-clock time."""
+    and for data, and the evaluations; productive is the rest of the wall-clock time."""
     events = list(Event.objects.filter(job=job).order_by("seq").values_list("data", flat=True))
     moves = {t.to_state: t.time.timestamp() for t in job.transitions.all()}  # the last of each
     first_start = job.transitions.filter(to_state="starting").first().time.timestamp()
@@ -84,6 +89,7 @@ def expected_seconds(job: Job) -> dict[str, float]:
         "pause": runs[2] - boundary_before(pause),
         "checkpoint": sum(e["blocking_s"] for e in events if e["type"] == "checkpoint"),
         "straggler": sum(wait_s(e) for e in events if e["type"] == "ops"),
+        "data": sum(data_wait_s(e) for e in events if e["type"] == "ops"),
         "eval": 0.0, "retrained": 0.0,
     }
     highest = 0
@@ -99,7 +105,7 @@ def expected_seconds(job: Job) -> dict[str, float]:
             interval -= evaluation
         if e["step"] <= highest:
             ops = next(o for o in events[i:] if o["type"] == "ops")
-            seconds["retrained"] += interval - wait_s(ops)
+            seconds["retrained"] += interval - wait_s(ops) - data_wait_s(ops)
         highest = max(highest, e["step"])
     seconds["productive"] = wall - sum(seconds.values())
     return seconds
