@@ -1,16 +1,18 @@
 """What a job's metric sinks cost its training: step time with TensorBoard, MLflow and W&B on,
 over none.
 
-    .venv/bin/python -m bench.sinks [--preset nano] [--block 20] [--rounds 8]
+    .venv/bin/python -m bench.sinks [--preset nano] [--block-s 6] [--rounds 8]
 
 The engine's own `Trainer` trains on one CPU rank in a process of its own and publishes its
 events to the job's Redis stream (as rank 0 does); this process plays the job's supervisor,
 where the sinks run: a thread per sink polls its `SinkConsumer` (monitor.sinks.consumer) every
 RINGSIDE_SINK_INTERVAL_S as the supervisor's `SinkRunner` does, the
 TensorBoard sink into event files, the MLflow sink into a real tracking server started here
-(`mlflow server`, SQLite), the W&B sink offline. Blocks of `--block` steps take turns with the
-sinks on and off (the order rotates each round, so drift falls on both alike); between blocks
-the trainer waits until the sinks caught up with what it published, so an "on" block's sink
+(`mlflow server`, SQLite), the W&B sink offline. Blocks take turns with the sinks on and off
+(the order rotates each round, so drift falls on both alike). A block lasts `--block-s`
+seconds (its steps counted from the warm-up's step time): several of the sinks' polling
+intervals, so that an "on" block holds the sinks' steady work rather than one poll. Between
+blocks the trainer waits until the sinks caught up with what it published, so an "on" block's sink
 work is its own steps'. `sink_overhead` is the median step time of the "on" blocks over that
 of the "off" ones, minus one, in wall-clock time (the sinks cost the trainer only through the
 machine they share), with the standard error of the "off" blocks that says what it can
@@ -37,6 +39,8 @@ from pathlib import Path
 from engine.ports import free_port
 
 TARGET = 0.01
+WARM_STEPS = 10  # timed after the warm-up, to size the blocks
+MIN_BLOCK_STEPS = 20
 MODES = ("off", "on")
 
 
@@ -58,12 +62,15 @@ def engine_main(args: argparse.Namespace, job_id: str, bus_url: str, run_dir: st
                       events=EventLog(job_id, bus_url=bus_url))
     for _ in range(3):  # warm-up: allocator, first-call costs
         trainer.train_step()
-    conn.send("ready")
-    while conn.recv() == "block":
+    started = time.perf_counter()
+    for _ in range(WARM_STEPS):
+        trainer.train_step()
+    conn.send((time.perf_counter() - started) / WARM_STEPS)
+    while (word := conn.recv())[0] == "block":
         started = time.perf_counter()
-        for _ in range(args.block):
+        for _ in range(word[1]):
             trainer.train_step()
-        conn.send((time.perf_counter() - started) / args.block)
+        conn.send((time.perf_counter() - started) / word[1])
     trainer.finish()
 
 
@@ -142,7 +149,7 @@ def measure(args: argparse.Namespace, platform, tracking_uri: str, mlflow_pid: i
         target=engine_main, args=(args, str(job.pk), platform.redis_url,
                                   str(platform.tmp / "engine"), there))
     engine.start()
-    assert here.recv() == "ready"
+    block = max(MIN_BLOCK_STEPS, round(args.block_s / here.recv()))
     threads = SinkThreads(sinks, platform.redis_url)
     threads.catch_up()  # the trackers opened (the W&B run, the MLflow run) before timing
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -154,18 +161,18 @@ def measure(args: argparse.Namespace, platform, tracking_uri: str, mlflow_pid: i
                 if mode == "on":
                     threads.on.set()
                 before = cpu_seconds(helpers)
-                here.send("block")
+                here.send(("block", block))
                 times[mode].append(here.recv())
                 threads.on.clear()
                 if mode == "on":
                     helper_cpu_s += cpu_seconds(helpers) - before
                 threads.catch_up()
     finally:
-        here.send("stop")
+        here.send(("stop",))
         engine.join(60)
         threads.close()
-    steps_on = args.block * len(times["on"])
-    return {"times": times,
+    steps_on = block * len(times["on"])
+    return {"times": times, "steps_per_block": block,
             "cpu_s_per_step": (threads.cpu_s + helper_cpu_s) / steps_on}
 
 
@@ -196,7 +203,8 @@ def cpu_seconds(processes: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="nano")
-    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--block-s", type=float, default=6.0,
+                        help="seconds of training per block (3 of the sinks' 2 s intervals)")
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
     os.environ.setdefault("RUNS_DIR", tempfile.mkdtemp(prefix="ringside-bench-runs-"))
@@ -217,7 +225,7 @@ def main() -> None:
     noise = statistics.stdev(times["off"]) / off / len(times["off"]) ** 0.5
     accounted = measured["cpu_s_per_step"] / off
     print(json.dumps({
-        "benchmark": "sinks", "preset": args.preset, "steps_per_block": args.block,
+        "benchmark": "sinks", "preset": args.preset, "steps_per_block": measured["steps_per_block"],
         "rounds": args.rounds, "sinks": ["tensorboard", "mlflow", "wandb (offline)"],
         "step_s": {mode: [round(t, 5) for t in ts] for mode, ts in times.items()},
         "median_step_s": {"off": round(off, 5), "on": round(on, 5)},
