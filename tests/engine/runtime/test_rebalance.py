@@ -162,7 +162,9 @@ def test_a_part_below_the_least_gets_the_least_and_the_others_share_the_rest():
     assert proportional_shares([1e-9, 1e-9, 1], 12, 4) == [4, 4, 4]
 
 
-STEPS, SLOW_FROM, SLOW_UNTIL = 48, 12, 24
+# slow from 12 (past the detector's warm-up) to 24; the run ends at 40, just past the last
+# step the way back is looked for in (SLOW_UNTIL + 3 rebalance windows)
+STEPS, SLOW_FROM, SLOW_UNTIL = 40, 12, 24
 
 
 def two_by_two(name: str, inject: list[dict]) -> dict:
@@ -217,8 +219,8 @@ def test_a_slow_rank_is_rebalanced_the_losses_stay_the_clean_runs_and_shares_com
 
     assert len(losses(slowed)) == STEPS
     # the same updates, summed in another order: ranks holding other shares of the batch add
-    # their samples' float32 gradients differently, which 48 Adam steps carry on (measured up
-    # to 1.0e-4 apart at the last steps, the more the longer the shares stay uneven)
+    # their samples' float32 gradients differently, which the Adam steps carry on (measured up
+    # to 1.0e-4 apart at the last of 48 steps, the more the longer the shares stay uneven)
     assert losses(slowed) == pytest.approx(losses(clean), rel=5e-4)
 
 
