@@ -17,7 +17,7 @@ FAULTS = {"policy": {"actions": {"loss_spike": ["rollback"], "straggler": ["obse
 
 def test_a_proposed_rollback_is_approved_from_the_job_page(
         page: Page, live_server_url, celery_worker, user, output_dir):
-    job = open_running_job(page, live_server_url, user, "approve-e2e", steps=20, faults=FAULTS,
+    job = open_running_job(page, live_server_url, user, "approve-e2e", steps=12, faults=FAULTS,
                            checkpoint_every=5)
 
     proposal = page.locator("#proposals li[data-status=pending]")

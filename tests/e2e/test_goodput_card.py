@@ -6,8 +6,13 @@ from playwright.sync_api import Page, expect
 
 from monitor.goodput import CAUSES
 from tests.e2e.session import ENGINE_START_MS, open_running_job
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# a run that still trains while the card is watched grow: paced (its ranks sleep nine tenths
+# of each step), 40 steps last about as long as the 200 unpaced ones this test ran before
+STEPS = 40
 
 RECORD = """() => ({
   rows: [...document.querySelectorAll('#goodput-table tr')].map((r) => r.innerText),
@@ -24,7 +29,8 @@ def productive_seconds(page: Page) -> float:
 def test_the_goodput_card_grows_live_and_a_reload_shows_the_same(page: Page, live_server_url,
                                                                  celery_worker, user,
                                                                  output_dir):
-    job = open_running_job(page, live_server_url, user, "goodput-card", steps=200)
+    job = open_running_job(page, live_server_url, user, "goodput-card", steps=STEPS,
+                           faults=paced(2))
     rows = page.locator("#goodput-table tr")
     expect(rows).to_have_count(len(CAUSES))
     page.wait_for_function("() => Number(document.querySelector("

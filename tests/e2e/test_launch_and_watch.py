@@ -6,6 +6,8 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from tests.policies import paced
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -31,6 +33,14 @@ def test_launch_the_tiny_job_watch_its_loss_chart_fill_live_and_cancel_it(
     for field, value in {"train.steps": "200", "train.micro_batch": "1", "train.seq_len": "32",
                          "checkpoint.every": "0"}.items():
         form.locator(f"input[name='{field}']").fill(value)
+    # paced (its rank sleeps nine tenths of each step): the run only has to keep going while it
+    # is watched, and leaves the cores to the browser and the other tests
+    (fault,) = paced(1)["inject"]
+    page.click("#add-fault")
+    row = page.locator("#inject-rows .inject-row").last
+    row.locator("[data-field=kind]").select_option(fault["kind"])
+    for name in ("step", "rank", "factor"):
+        row.locator(f"[data-field={name}]").fill(str(fault[name]))
     form.locator("button[type=submit]").click()
     expect(page).to_have_url(re.compile(r"/jobs/\d+/$"))
 
