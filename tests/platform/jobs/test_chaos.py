@@ -42,8 +42,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # timeout still ten beats long, so that a supervisor slowed by a busy machine is not reaped)
 FAST_REAPER = {"JOB_HEARTBEAT_S": "0.5", "JOB_HEARTBEAT_TIMEOUT_S": "5",
                "JOB_REAPER_INTERVAL_S": "1"}
-STEPS = 600
-CHECKPOINT_EVERY = 100
+# A checkpoint at step 50, the loss or pause once the job is past step 60: the 240 steps left
+# (seconds of training on an idle machine, more on a busy one) keep the job running through the
+# break, and the job trains no more steps than that needs (a step costs ~0.02 s of CPU).
+STEPS = 300
+CHECKPOINT_EVERY = 50
 
 
 @pytest.fixture
@@ -186,9 +189,9 @@ def test_a_warm_paused_job_whose_worker_machine_is_lost_stays_paused_and_resumes
     job.refresh_from_db()
     # resumable: queued again, to continue from that checkpoint on the other worker
     assert (resume.state, job.state) == ("done", State.QUEUED)
-    # placed, launched and trained from the checkpoint (step 100 or later) to the end: the
+    # placed, launched and trained from the checkpoint (step 50 or later) to the end: the
     # first test's takeover and finish (30 + 60 s) for as many steps (a busy host's run was
-    # at step 594 of 600 after 90 s)
+    # at step 594 of 600 after 90 s, when the jobs had 600 steps)
     eventually(lambda: Job.objects.get(pk=job.pk).is_terminal, 120,
                lambda: f"the resumed job did not finish ({Job.objects.get(pk=job.pk).state} at "
                        f"step {Job.objects.get(pk=job.pk).step}); {parts.logs()}")

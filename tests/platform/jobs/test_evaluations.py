@@ -28,31 +28,30 @@ def evaluate_url(job_id: int, checkpoint_id: int) -> str:
     return f"/api/jobs/{job_id}/checkpoints/{checkpoint_id}/evaluate/"
 
 
-def test_a_checkpoint_is_evaluated_on_the_users_tasks(api, user, celery_worker, small_spec,
-                                                      eventually):
-    job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
-    eventually(lambda: Job.objects.get(pk=job_id).state == State.COMPLETED, 120,
-               f"job {job_id} did not complete; worker log: {celery_worker.log_path}")
-    final = api.get(f"/api/jobs/{job_id}/checkpoints/").json()["results"][-1]
-    assert api.get(evaluate_url(job_id, final["id"])).json()["results"] == []
-    uploads_dir(user).mkdir(parents=True, exist_ok=True)
+def test_a_checkpoint_is_evaluated_on_the_users_tasks(api, user, celery_worker,
+                                                      tmp_path_factory, eventually):
+    job, checkpoint = shared_trained_checkpoint(user, tmp_path_factory)
+    final = api.get(f"/api/jobs/{job.pk}/checkpoints/").json()["results"][-1]
+    assert final["id"] == checkpoint.pk
+    assert api.get(evaluate_url(job.pk, final["id"])).json()["results"] == []
     (uploads_dir(user) / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
 
-    started = api.post(evaluate_url(job_id, final["id"]),
+    started = api.post(evaluate_url(job.pk, final["id"]),
                        {"tasks": "tasks.jsonl", "heldout_windows": 2}, format="json")
     assert started.status_code == 202, started.json()
     assert started.json()["state"] == "pending"
     assert started.json()["tasks"] == str((uploads_dir(user) / "tasks.jsonl").resolve())
 
     def finished() -> dict | None:
-        listed = api.get(evaluate_url(job_id, final["id"])).json()["results"]
+        listed = api.get(evaluate_url(job.pk, final["id"])).json()["results"]
         return listed[0] if listed[0]["state"] in ("done", "failed") else None
 
     eventually(finished, 180, f"the evaluation did not finish; worker log: "
                               f"{celery_worker.log_path}")
     evaluation = finished()
     assert evaluation["state"] == "done", evaluation["error"]
-    assert (evaluation["step"], evaluation["items_done"], evaluation["items_total"]) == (6, 5, 5)
+    assert (evaluation["step"], evaluation["items_done"], evaluation["items_total"]) == (
+        checkpoint.step, 5, 5)
     results = evaluation["results"]
     (heldout,) = results["heldout"].values()
     assert heldout["windows"] == 2 and heldout["perplexity"] > 1
@@ -112,10 +111,35 @@ def trained_checkpoint(user, tmp_path) -> tuple[Job, Checkpoint]:
                                           path=str(path))
 
 
+# the checkpoint trained once by this test process (its folder, the job's spec, the text it
+# was trained on): the tests that only read it share it, and each records it anew
+_TRAINED: list[tuple[dict, str, str]] = []
+
+
+def shared_trained_checkpoint(user, tmp_path_factory) -> tuple[Job, Checkpoint]:
+    """`trained_checkpoint`, trained once per test process and recorded for each test: the
+    text in `user`'s uploads and the job's spec naming it, the checkpoint's folder shared
+    (an evaluation only reads it)."""
+    if not _TRAINED:
+        job, checkpoint = trained_checkpoint(user, tmp_path_factory.mktemp("trained"))
+        (data,) = job.spec["train"]["dataset"]["paths"]
+        _TRAINED.append((job.spec, checkpoint.path, Path(data).read_text()))
+        return job, checkpoint
+    spec, path, text = _TRAINED[0]
+    uploads_dir(user).mkdir(parents=True, exist_ok=True)
+    data = uploads_dir(user) / "text.txt"
+    data.write_text(text)
+    spec = {**spec, "train": {**spec["train"], "dataset": {
+        **spec["train"]["dataset"], "paths": [str(data)]}}}
+    job = Job.objects.create(name="t", owner=user, spec=spec, state=State.COMPLETED)
+    return job, Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
+                                          path=path)
+
+
 def test_a_two_slot_evaluation_yielding_a_slot_to_training_scores_each_item_once(
-        user, tmp_path, monkeypatch):
+        user, tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setattr(evaluations, "CHUNK_ITEMS", 3)
-    job, checkpoint = trained_checkpoint(user, tmp_path)
+    job, checkpoint = shared_trained_checkpoint(user, tmp_path_factory)
     (uploads_dir(user) / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     tasks = str((uploads_dir(user) / "tasks.jsonl").resolve())
     out_dir = tmp_path / "evaluation"

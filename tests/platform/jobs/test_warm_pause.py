@@ -8,7 +8,7 @@ from django.conf import settings
 
 from jobs.models import Command, Job, State
 from tests.platform.jobs.test_steering import control_commands
-from tests.policies import OBSERVE_STRAGGLERS
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,11 +51,12 @@ def test_a_bad_pause_body_is_refused_naming_the_field(api, running, body, field,
 
 
 def launched(api, small_spec: dict, eventually, worker) -> int:
-    """A long nano job on two ranks, through the API, once it trains."""
+    """A long nano job on two ranks, through the API, once it trains; paced (tests.policies),
+    as it only has to keep running while the test steers it."""
     small_spec["name"] = "warm"
     small_spec["train"]["steps"] = 100_000
     small_spec["parallel"] = {"nodes": 1, "procs_per_node": 2}
-    small_spec["faults"] = OBSERVE_STRAGGLERS
+    small_spec["faults"] = paced(2)
     job_id = api.post("/api/jobs/", small_spec, format="json").json()["id"]
     eventually(lambda: Job.objects.get(pk=job_id).step >= 2, 120,
                f"job {job_id} made no progress; worker log: {worker.log_path}")
