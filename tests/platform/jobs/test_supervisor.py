@@ -195,7 +195,7 @@ def paced_job(api, spec: dict, eventually, worker, procs: int,
     restarting the ranks."""
     spec["train"]["steps"] = 100_000
     spec["parallel"] = {"nodes": 1, "procs_per_node": procs}
-    spec["faults"] = paced(procs, factor=5)
+    spec["faults"] = paced(procs)  # the default pace: ranks asleep 9 in 10 of a forward
     if restart_at is not None:
         spec["faults"]["inject"].append(
             {"kind": "loss_spike", "step": restart_at, "rank": 0, "factor": 10.0})
