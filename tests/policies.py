@@ -9,10 +9,12 @@
 OBSERVE_STRAGGLERS = {"policy": {"actions": {"straggler": ["observe"]}}}
 
 
-def paced(ranks: int, factor: float = 10.0) -> dict:
+def paced(ranks: int, factor: float = 10.0, until: int | None = None) -> dict:
     """OBSERVE_STRAGGLERS for a job that only has to keep running while a test steers it:
-    every rank's forward is stretched `factor` times from the first step, asleep (evenly:
-    no rank is a straggler), so the ranks leave the cores to the browser and the other tests."""
+    every rank's forward is stretched `factor` times from the first step (to step `until`,
+    if given), asleep (evenly: no rank is a straggler), so the ranks leave the cores to the
+    browser and the other tests."""
+    bound = {} if until is None else {"until": until}
     return {**OBSERVE_STRAGGLERS, "inject": [
-        {"kind": "slow_rank", "step": 1, "rank": rank, "factor": factor}
+        {"kind": "slow_rank", "step": 1, "rank": rank, "factor": factor, **bound}
         for rank in range(ranks)]}

@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 from jobs.models import Job, State
 from monitor.models import Event, OpsSample
 from tests.e2e.session import ENGINE_START_MS, log_in, off_the_page_thread
-from tests.policies import OBSERVE_STRAGGLERS
+from tests.policies import paced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,16 +27,15 @@ CRASH_AT = 28
 # about as fast as `tiny` computes, for a ninth of its CPU. Paced up to the crash (the pause,
 # steered at step 20, lands before it); the steps trained after the crash restart run at full
 # speed, so the op stack's check has steps without the injected slowdown too.
-PACE = [{"kind": "slow_rank", "step": 1, "until": CRASH_AT - 1, "rank": rank, "factor": 10}
-        for rank in range(2)]
+PACED = paced(2, until=CRASH_AT - 1)
 SPEC = {"name": "reload-e2e", "model": {"preset": "nano"},
         "parallel": {"nodes": 1, "procs_per_node": 2, "strategy": "NNG"},
         "train": {"steps": STEPS, "micro_batch": 2, "seq_len": 64, "warmup": 5,
                   "eval_every": 0, "threads": 1},
         "checkpoint": {"every": 5, "keep": 3},
-        "faults": {**OBSERVE_STRAGGLERS,
-                   "inject": [*PACE, {"kind": "loss_spike", "step": 7, "rank": 1, "factor": 10},
-                              {"kind": "crash", "step": CRASH_AT, "rank": 1}]}}
+        "faults": {**PACED, "inject": [
+            *PACED["inject"], {"kind": "loss_spike", "step": 7, "rank": 1, "factor": 10},
+            {"kind": "crash", "step": CRASH_AT, "rank": 1}]}}
 PINNED = [3, 1]  # samples per step of each rank: the global batch of 2 x 2, unevenly
 
 # What a person sees: each chart's traces (x/y, or z for heatmaps, by trace name) and the

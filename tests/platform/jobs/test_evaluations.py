@@ -89,51 +89,49 @@ def test_a_task_file_outside_the_users_data_roots_is_refused(api, user, other_us
     assert not Evaluation.objects.exists()
 
 
-def trained_checkpoint(user, tmp_path) -> tuple[Job, Checkpoint]:
-    """A nano model trained 2 steps by the engine's own command line on a file in `user`'s
-    uploads, recorded as a finished job's disk checkpoint."""
+def evaluable_spec(user) -> dict:
+    """The spec of a nano model trained 2 steps on a text it writes in `user`'s uploads."""
     uploads_dir(user).mkdir(parents=True, exist_ok=True)
     data = uploads_dir(user) / "text.txt"
     data.write_text("the cat sat on the mat. the dog sat on the log. " * 40)
-    spec = {"name": "evaluate", "model": {"preset": "nano"},
+    return {"name": "evaluate", "model": {"preset": "nano"},
             "train": {"steps": 2, "micro_batch": 2, "seq_len": 32, "eval_every": 0,
                       "threads": 1, "dataset": {"kind": "text", "paths": [str(data)],
                                                 "tokenizer": "bytes", "holdout": 0.25}},
             "checkpoint": {"every": 0}}
+
+
+def recorded(user, spec: dict, path: str) -> tuple[Job, Checkpoint]:
+    """The checkpoint folder `path` of `spec`, recorded as a finished job's disk checkpoint."""
+    job = Job.objects.create(name="t", owner=user, spec=spec, state=State.COMPLETED)
+    return job, Checkpoint.objects.create(job=job, seq=1, step=spec["train"]["steps"], time=0.0,
+                                          tier="disk", path=path)
+
+
+def trained_checkpoint(user, tmp_path) -> tuple[Job, Checkpoint]:
+    """A nano model trained 2 steps by the engine's own command line on a file in `user`'s
+    uploads, recorded as a finished job's disk checkpoint."""
+    spec = evaluable_spec(user)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     run = subprocess.run([sys.executable, "-m", "engine.train", str(tmp_path / "spec.json"),
                           "--run-dir", str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    job = Job.objects.create(name="t", owner=user, spec=spec, state=State.COMPLETED)
-    path = resolve(tmp_path / "run" / "checkpoints").path
-    return job, Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
-                                          path=str(path))
+    return recorded(user, spec, str(resolve(tmp_path / "run" / "checkpoints").path))
 
 
-# the checkpoint trained once by this test process (its folder, the job's spec, the text it
-# was trained on): the tests that only read it share it, and each records it anew
-_TRAINED: list[tuple[dict, str, str]] = []
+# the folder of the checkpoint trained once by this test process: the tests that only read it
+# share it (an evaluation only reads it), each with its own rows and its user's text
+_TRAINED: list[str] = []
 
 
 def shared_trained_checkpoint(user, tmp_path_factory) -> tuple[Job, Checkpoint]:
-    """`trained_checkpoint`, trained once per test process and recorded for each test: the
-    text in `user`'s uploads and the job's spec naming it, the checkpoint's folder shared
-    (an evaluation only reads it)."""
+    """`trained_checkpoint`, trained once per test process and recorded for each test."""
     if not _TRAINED:
         job, checkpoint = trained_checkpoint(user, tmp_path_factory.mktemp("trained"))
-        (data,) = job.spec["train"]["dataset"]["paths"]
-        _TRAINED.append((job.spec, checkpoint.path, Path(data).read_text()))
+        _TRAINED.append(checkpoint.path)
         return job, checkpoint
-    spec, path, text = _TRAINED[0]
-    uploads_dir(user).mkdir(parents=True, exist_ok=True)
-    data = uploads_dir(user) / "text.txt"
-    data.write_text(text)
-    spec = {**spec, "train": {**spec["train"], "dataset": {
-        **spec["train"]["dataset"], "paths": [str(data)]}}}
-    job = Job.objects.create(name="t", owner=user, spec=spec, state=State.COMPLETED)
-    return job, Checkpoint.objects.create(job=job, seq=1, step=2, time=0.0, tier="disk",
-                                          path=path)
+    return recorded(user, evaluable_spec(user), _TRAINED[0])
 
 
 def test_a_two_slot_evaluation_yielding_a_slot_to_training_scores_each_item_once(
