@@ -17,9 +17,11 @@ work is its own steps'. `sink_overhead` is the median step time of the "on" bloc
 of the "off" ones, minus one, in wall-clock time (the sinks cost the trainer only through the
 machine they share), with the standard error of the "off" blocks that says what it can
 resolve. `sink_cpu_per_step_time` accounts for it from the other side: the CPU time the sinks
-spent per step while on (their threads here, the MLflow server's processes, W&B's service)
-over a step's time, what they would cost a trainer on the same core; on a machine with a core
-to spare they cost it nothing. Target (issue 36): <= 0.01. Prints one JSON document.
+spent per step while on over a step's time, what they would cost a trainer on the same core
+(on a machine with a core to spare they cost it nothing); `sinks_cpu_ms_per_step_by_part`
+splits it: each sink's thread, and what the MLflow server, W&B's service and Redis spent more
+per step with the sinks on than off. The sinks' threads run at monitor.sinks.consumer's
+SINK_NICENESS, as the supervisor's do. Target (issue 36): <= 0.01. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def engine_main(args: argparse.Namespace, job_id: str, bus_url: str, run_dir: st
 
 
 class SinkThreads:
-    """The job's three sinks, each polled on a thread while `on` is set."""
+    """The job's three sinks, each on a thread of its own (its tracker opened there, as
+    SinkRunner opens it), polled while `on` is set."""
 
     def __init__(self, sinks: list, redis_url: str):
         import redis
@@ -84,30 +87,42 @@ class SinkThreads:
 
         self.on = threading.Event()
         self.done = False
-        self.lock = threading.Lock()
-        self.cpu_s = 0.0  # the sink threads' CPU time while on
+        self.cpu_lock = threading.Lock()
+        self.cpu_s = {sink.kind: 0.0 for sink in sinks}  # each sink's thread's, while on
         self.consumers = [SinkConsumer(sink, redis.Redis.from_url(redis_url)) for sink in sinks]
-        self.threads = [threading.Thread(target=self._follow, args=(c,), daemon=True)
-                        for c in self.consumers]
+        # a consumer is polled by its thread, or between blocks by `catch_up`: never by both
+        self.locks = [threading.Lock() for _ in sinks]
+        self.opened = threading.Barrier(len(sinks) + 1)
+        self.threads = [threading.Thread(target=self._follow, args=(c, lock), daemon=True)
+                        for c, lock in zip(self.consumers, self.locks, strict=True)]
         for thread in self.threads:
             thread.start()
+        self.opened.wait()
 
-    def _follow(self, consumer) -> None:
+    def _follow(self, consumer, lock: threading.Lock) -> None:
         from django.conf import settings
 
+        from monitor.sinks.consumer import yield_to_training
+
+        yield_to_training()  # as SinkRunner does
+        while consumer.poll():  # the trackers opened (the W&B run, the MLflow run) untimed
+            pass
+        self.opened.wait()
         while not self.done:
             if self.on.wait(0.1):
                 started = time.thread_time()
-                consumer.poll(block_ms=100)
-                with self.lock:
-                    self.cpu_s += time.thread_time() - started
+                with lock:
+                    consumer.poll(block_ms=100)
+                with self.cpu_lock:
+                    self.cpu_s[consumer.sink.kind] += time.thread_time() - started
                 time.sleep(settings.RINGSIDE_SINK_INTERVAL_S)  # as SinkRunner writes
 
     def catch_up(self) -> None:
         """Write what is left (the sinks off: the trainer waits meanwhile)."""
-        for consumer in self.consumers:
-            while consumer.poll():
-                pass
+        for consumer, lock in zip(self.consumers, self.locks, strict=True):
+            with lock:
+                while consumer.poll():
+                    pass
 
     def close(self) -> None:
         self.done = True
@@ -151,40 +166,43 @@ def measure(args: argparse.Namespace, platform, tracking_uri: str, mlflow_pid: i
     engine.start()
     block = max(MIN_BLOCK_STEPS, round(args.block_s / here.recv()))
     threads = SinkThreads(sinks, platform.redis_url)
-    threads.catch_up()  # the trackers opened (the W&B run, the MLflow run) before timing
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    helpers = helper_processes(mlflow_pid, engine.pid)
-    helper_cpu_s = 0.0  # the MLflow server's and W&B's own processes, while on
+    shared = shared_processes(platform, mlflow_pid)
+    shared_cpu_s = {mode: dict.fromkeys(shared, 0.0) for mode in MODES}
     try:
         for r in range(args.rounds):
             for mode in MODES[r % 2:] + MODES[: r % 2]:
                 if mode == "on":
                     threads.on.set()
-                before = cpu_seconds(helpers)
+                before = {name: cpu_seconds(procs) for name, procs in shared.items()}
                 here.send(("block", block))
                 times[mode].append(here.recv())
                 threads.on.clear()
-                if mode == "on":
-                    helper_cpu_s += cpu_seconds(helpers) - before
+                for name, procs in shared.items():
+                    shared_cpu_s[mode][name] += cpu_seconds(procs) - before[name]
                 threads.catch_up()
     finally:
         here.send(("stop",))
         engine.join(60)
         threads.close()
-    steps_on = block * len(times["on"])
-    return {"times": times, "steps_per_block": block,
-            "cpu_s_per_step": (threads.cpu_s + helper_cpu_s) / steps_on}
+    steps = block * args.rounds  # of each mode
+    # a shared process's part: what it spent more with the sinks on than off
+    by_part = {f"{kind} sink": cpu / steps for kind, cpu in threads.cpu_s.items()}
+    by_part |= {name: (shared_cpu_s["on"][name] - shared_cpu_s["off"][name]) / steps
+                for name in shared}
+    return {"times": times, "steps_per_block": block, "cpu_s_per_step": by_part}
 
 
-def helper_processes(mlflow_pid: int, engine_pid: int) -> list:
-    """The processes the sinks keep busy besides this one: the MLflow server (and its
-    workers) and W&B's service, a child of this process."""
+def shared_processes(platform, mlflow_pid: int) -> dict[str, list]:
+    """The processes the sinks keep busy besides their threads: the MLflow server (and its
+    workers), W&B's service (a child of this process) and Redis, which the trainer uses too."""
     import psutil
 
     mlflow = psutil.Process(mlflow_pid)
-    ours = [p for p in psutil.Process().children(recursive=True) if p.pid != engine_pid
-            and p.pid != mlflow_pid and mlflow not in p.parents()]
-    return [mlflow, *mlflow.children(recursive=True), *ours]
+    ours = psutil.Process().children(recursive=True)
+    return {"mlflow server": [mlflow, *mlflow.children(recursive=True)],
+            "wandb service": [p for p in ours if "wandb" in " ".join(p.cmdline())],
+            "redis": [psutil.Process(platform.procs[0].pid)]}
 
 
 def cpu_seconds(processes: list) -> float:
@@ -223,14 +241,17 @@ def main() -> None:
     overhead = on / off - 1
     # what the comparison can resolve: the spread of the blocks without sinks
     noise = statistics.stdev(times["off"]) / off / len(times["off"]) ** 0.5
-    accounted = measured["cpu_s_per_step"] / off
+    cpu_s_per_step = sum(measured["cpu_s_per_step"].values())
+    accounted = cpu_s_per_step / off
     print(json.dumps({
         "benchmark": "sinks", "preset": args.preset, "steps_per_block": measured["steps_per_block"],
         "rounds": args.rounds, "sinks": ["tensorboard", "mlflow", "wandb (offline)"],
         "step_s": {mode: [round(t, 5) for t in ts] for mode, ts in times.items()},
         "median_step_s": {"off": round(off, 5), "on": round(on, 5)},
         "standard_error": round(noise, 4),
-        "sinks_cpu_s_per_step": round(measured["cpu_s_per_step"], 5),
+        "sinks_cpu_s_per_step": round(cpu_s_per_step, 5),
+        "sinks_cpu_ms_per_step_by_part": {name: round(cpu * 1000, 3) for name, cpu
+                                           in measured["cpu_s_per_step"].items()},
         "ratios": {"sink_overhead": round(overhead, 4),
                    "sink_cpu_per_step_time": round(accounted, 4)},
         "target": {"sink_overhead": TARGET}, "meets_target": overhead <= TARGET,

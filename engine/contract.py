@@ -576,8 +576,29 @@ def parse_event(data: Any) -> Event:
 # -- the bus -------------------------------------------------------------------------------
 
 def events_stream(job: str) -> str:
-    """The Redis stream of a job's events; event `seq` is entry `<seq>-0`, JSON in `event`."""
+    """The Redis stream of a job's events; event `seq` is entry `<seq>-0` (`stream_entry`)."""
     return f"ringside:job:{job}:events"
+
+
+class StreamField(StrEnum):
+    """The fields of an event's entry on its job's stream."""
+
+    EVENT = "event"  # the wire form, JSON
+    # the event's type once more, outside the JSON: a reader that takes a few types (a metric
+    # sink) passes the rest (per-op timings, expert loads: most of a run's bytes) unparsed
+    TYPE = "type"
+
+
+def stream_entry(type: str, wire_json: str) -> dict[str, str]:
+    """The fields of an event's stream entry."""
+    return {StreamField.TYPE: type, StreamField.EVENT: wire_json}
+
+
+def entry_field(fields: dict | None, name: StreamField) -> bytes | str | None:
+    """A field of a stream entry as a Redis client hands it back (bytes keys unless it decodes
+    responses); None if the entry lacks it (an entry written before the field was)."""
+    fields = fields or {}
+    return fields.get(name.encode()) or fields.get(name.value)
 
 
 def control_stream(job: str) -> str:

@@ -18,7 +18,14 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.contract import Event, Header, _jsonable, control_stream, events_stream
+from engine.contract import (
+    Event,
+    Header,
+    _jsonable,
+    control_stream,
+    events_stream,
+    stream_entry,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -95,7 +102,7 @@ class EventLog:
         self.path = path
         self._file = None
         self._redis = None
-        self._unsent: deque[tuple[int, str]] = deque()  # (seq, JSON) the bus has not taken
+        self._unsent: deque[tuple[int, dict[str, str]]] = deque()  # (seq, entry) not yet taken
         self._outage = BusOutage(job, "events wait for it")
         last = 0
         self.last_step = 0  # of the newest event, so a restarted engine can speak of it
@@ -133,7 +140,7 @@ class EventLog:
             self._file.write(line + "\n")
             self._file.flush()
         if self._redis is not None:
-            self._unsent.append((self.seq, line))
+            self._unsent.append((self.seq, stream_entry(wire["type"], line)))
             if self._outage.may_try():
                 self._publish()
         return wire
@@ -144,9 +151,9 @@ class EventLog:
 
         try:
             while self._unsent:
-                seq, line = self._unsent[0]
+                seq, entry = self._unsent[0]
                 try:
-                    self._redis.xadd(events_stream(self.job), {"event": line}, id=f"{seq}-0")
+                    self._redis.xadd(events_stream(self.job), entry, id=f"{seq}-0")
                 except redis.ResponseError as error:
                     # the bus took it before, and the reply was lost with the connection
                     if "equal or smaller" not in str(error):

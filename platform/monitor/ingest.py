@@ -422,7 +422,7 @@ class StreamIngest:
         ids, events = [], []
         for entry_id, fields in entries:
             ids.append(entry_id)
-            raw = (fields or {}).get(b"event") or (fields or {}).get("event")
+            raw = contract.entry_field(fields, contract.StreamField.EVENT)
             try:
                 events.append(orjson.loads(raw))
             except (TypeError, ValueError):

@@ -40,7 +40,8 @@ def publish(evaluation: Evaluation) -> dict:
                 heldout=evaluation.results.get("heldout", {}),
                 tasks=evaluation.results.get("tasks", {})).to_dict()
             try:
-                client.xadd(stream, {"event": json.dumps(wire)}, id=f"{seq}-{n + 1}")
+                client.xadd(stream, contract.stream_entry(wire["type"], json.dumps(wire)),
+                            id=f"{seq}-{n + 1}")
                 break
             except redis.ResponseError as error:  # the engine published meanwhile
                 if "equal or smaller" not in str(error):

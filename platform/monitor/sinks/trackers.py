@@ -64,23 +64,27 @@ def flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 class TensorBoard:
-    """Event files in the job's run folder, `tensorboard --logdir runs/<job>/tensorboard`."""
+    """Event files in the job's run folder, `tensorboard --logdir runs/<job>/tensorboard`: one
+    event per step holding all its numbers (a step's dozen series cost one write, not a dozen)."""
 
     def __init__(self, sink: Sink, job: Job):
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.writer import FileWriter
 
-        self.writer = SummaryWriter(log_dir=str(tensorboard_dir(job)))
+        self.writer = FileWriter(str(tensorboard_dir(job)))
 
     def write(self, records: list[Record]) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import scalar, text
+
         for r in records:
             if isinstance(r, Scalars):
-                for name, value in r.values.items():
-                    self.writer.add_scalar(name, value, r.step, walltime=r.time)
+                summary = Summary(value=[value for name, number in r.values.items()
+                                         for value in scalar(name, number).value])
             elif isinstance(r, Note):
-                self.writer.add_text(r.tag, r.text, r.step, walltime=r.time)
+                summary = text(r.tag, r.text)
             elif isinstance(r, CheckpointLink):
-                self.writer.add_text("checkpoint", f"{r.tier}: {r.path}", r.step,
-                                     walltime=r.time)
+                summary = text("checkpoint", f"{r.tier}: {r.path}")
+            self.writer.add_summary(summary, r.step, r.time)
         self.writer.flush()  # on disk before the consumer acknowledges
 
     def close(self) -> None:

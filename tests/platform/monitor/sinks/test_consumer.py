@@ -3,10 +3,11 @@ up and closed once the engine exited; `catch_up` finishes what a stopped sink le
 
 import pytest
 
+from engine import contract
 from monitor.sinks import consumer
 from monitor.sinks.models import Sink, SinkKind, SinkState
 from monitor.sinks.trackers import tensorboard_dir
-from tests.platform.monitor.sinks.conftest import publish_run
+from tests.platform.monitor.sinks.conftest import publish_run, write_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,3 +35,19 @@ def test_catch_up_writes_what_a_stopped_sink_left_pending(job, platform_redis_ur
     assert consumer.catch_up.apply(args=[sink.pk]).get() == SinkState.CLOSED
     sink.refresh_from_db()
     assert (sink.state, sink.last_seq, sink.last_error) == (SinkState.CLOSED, 9, "")
+
+
+def test_an_event_no_tracker_is_told_is_acknowledged_unread(job, bus, platform_redis_url,
+                                                             caplog):
+    """Per-op timings and expert loads are most of a run's stream: a sink passes them by on
+    their entry's type, without parsing their JSON (an unparsable one here says it was not)."""
+    stream = contract.events_stream(str(job.pk))
+    bus.xadd(stream, contract.stream_entry("ops", "{not json"), id="1-0")
+    publish_run(job, platform_redis_url, steps=[2])
+    sink = Sink.objects.create(job=job, kind=SinkKind.TENSORBOARD)
+    written = write_all(sink, bus)
+    written.close(SinkState.CLOSED)
+    assert bus.xpending(stream, consumer.group_of(sink.kind))["pending"] == 0
+    assert "unreadable event" not in caplog.text
+    sink.refresh_from_db()
+    assert (sink.state, sink.last_seq, sink.last_error) == (SinkState.CLOSED, 2, "")

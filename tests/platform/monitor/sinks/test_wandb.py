@@ -24,6 +24,12 @@ def offline_runs(job) -> list[str]:
     return sorted(p.name for p in (run_dir(job) / "wandb").glob("offline-run-*"))
 
 
+def run_file(job, folder: str, run_id: str):
+    # the folder is named by the second its launch started (a second launch within the same
+    # second gets a `-1` suffix): the run's id is in its file's name
+    return run_dir(job) / "wandb" / folder / f"run-{run_id}.wandb"
+
+
 def test_offline_run_files_are_written_and_a_relaunch_continues_the_same_run(
         job, bus, platform_redis_url):
     sink = Sink.objects.create(job=job, kind=SinkKind.WANDB,
@@ -33,14 +39,13 @@ def test_offline_run_files_are_written_and_a_relaunch_continues_the_same_run(
     sink.refresh_from_db()
     run_id = sink.run_id
     (first,) = offline_runs(job)
-    assert first.endswith(f"-{run_id}")
-    assert (run_dir(job) / "wandb" / first / f"run-{run_id}.wandb").stat().st_size > 0
+    assert run_file(job, first, run_id).stat().st_size > 0
 
     # the job's next launch (a resume): a new consumer of the same sink
     publish_run(job, platform_redis_url, steps=range(4, 7))
     write_all(Sink.objects.get(pk=sink.pk), bus).close()
     runs = offline_runs(job)
-    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs)
+    assert len(runs) == 2 and all(run_file(job, name, run_id).exists() for name in runs)
     assert Sink.objects.get(pk=sink.pk).run_id == run_id
 
 
