@@ -46,10 +46,13 @@ CATCH_UP_TRIES = 12
 
 
 def yield_to_training() -> None:
-    """Lower the calling thread's CPU priority to SINK_NICENESS (processes it starts, such as
-    W&B's service, inherit it). Linux only: elsewhere a priority is the whole process's."""
+    """Lower the calling thread's CPU priority to SINK_NICENESS, if it is not lower already
+    (processes it starts, such as W&B's service, inherit it). Linux only: elsewhere a
+    priority is the whole process's."""
     if sys.platform == "linux":
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SINK_NICENESS)
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread,
+                       max(SINK_NICENESS, os.getpriority(os.PRIO_PROCESS, thread)))
 
 
 def _text(value: bytes | str) -> str:

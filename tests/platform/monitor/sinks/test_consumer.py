@@ -1,6 +1,9 @@
 """A job's sinks as its supervisor runs them: a thread per sink following the stream, caught
 up and closed once the engine exited; `catch_up` finishes what a stopped sink left."""
 
+import os
+import sys
+
 import pytest
 
 from engine import contract
@@ -26,6 +29,21 @@ def test_each_sink_follows_the_stream_on_its_thread_and_closes_once_caught_up(
     sink.refresh_from_db()
     assert (sink.state, sink.last_seq, sink.last_error) == (SinkState.CLOSED, 9, "")
     assert any(tensorboard_dir(job).iterdir())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own priority is Linux's")
+def test_a_sinks_thread_runs_below_trainings_cpu_priority(job, platform_redis_url, eventually):
+    Sink.objects.create(job=job, kind=SinkKind.TENSORBOARD)
+    training = os.getpriority(os.PRIO_PROCESS, 0)  # this process's: its main thread's
+    (runner,) = consumer.start(job.pk, platform_redis_url)
+    try:
+        eventually(lambda: os.getpriority(os.PRIO_PROCESS, runner.native_id)
+                   == max(consumer.SINK_NICENESS, training), 10,
+                   "the sink's thread kept training's priority")
+        assert os.getpriority(os.PRIO_PROCESS, 0) == training
+    finally:
+        consumer.stop([runner])
+        runner.join(30)
 
 
 def test_catch_up_writes_what_a_stopped_sink_left_pending(job, platform_redis_url):
