@@ -213,8 +213,11 @@ class Trainer:
                 batch = loader.next_micro_batch(micro)
                 labels = self.injector.corrupt_batch(self.state.step, first, batch.labels)
             samples = len(labels)
+            # an injected slowdown's wait is the host's (a sleep, no model module's work): the
+            # op chart stacks it on its own rather than inside forward
             with self.timer.op("forward_backward", kind="compute"), \
-                    self.injector.slowdown(self.state.step, lambda: self.timer.op("slow_rank")):
+                    self.injector.slowdown(self.state.step,
+                                           lambda: self.timer.op("slow_rank", kind="host")):
                 output = self.dp.forward_backward(
                     batch.input_ids.to(self.device), labels.to(self.device),
                     weight=Fraction(samples * self.world_size, loader.global_batch),
