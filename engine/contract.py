@@ -640,3 +640,10 @@ def checkpoint_tiers(directory: str | Path) -> list[Path | str]:
     """Where a run's checkpoints may be, fastest first: the memory tier, then the disk (or the
     object store)."""
     return [memory_dir(directory), directory if is_url(directory) else Path(directory)]
+
+
+# -- evaluations ---------------------------------------------------------------------------
+
+# what `python -m engine.evaluate` writes into its output folder once every item is scored:
+# its summary (items_total, items_done, heldout, tasks, generations, checkpoint, step)
+EVALUATION_RESULTS = "results.json"

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from engine.checkpoint import CheckpointError, CheckpointReader
 from engine.checkpoint.reader import resolve
+from engine.contract import EVALUATION_RESULTS
 from engine.data.catalog import open_sources
 from engine.data.loader import TokenLoader, heldout_loaders
 from engine.data.tokenizers import Tokenizer, load_tokenizer
@@ -50,7 +51,6 @@ from engine.runtime.confine import open_confined
 from engine.runtime.init_from import load_checkpoint_weights
 from engine.runtime.spec import JobSpec
 
-RESULTS = "results.json"
 MAX_NEW_TOKENS = 256
 TASKS_FIELD = "tasks"
 
@@ -302,7 +302,7 @@ def evaluate(checkpoint: str, out_dir: Path, spec: JobSpec, *, tasks: str | None
     summary = {"checkpoint": str(info.path), "step": info.step,
                **summarize(scored_records(out_dir), len(planned))}
     if summary["complete"]:
-        (out_dir / RESULTS).write_text(json.dumps(summary, indent=2) + "\n")
+        (out_dir / EVALUATION_RESULTS).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 

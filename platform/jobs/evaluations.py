@@ -194,7 +194,17 @@ def run_slots(evaluation: Evaluation, free: Callable[[], int]) -> dict:
         for slot in running:
             slot.process.kill()
             slot.process.wait()
-    return _summary(engine)
+    return _written_results(out_dir) or _summary(engine)
+
+
+def _written_results(out_dir: Path) -> dict | None:
+    """The summary the engine wrote once every item was scored, if one was. Each slot reads the
+    records after writing its own, so the last slot to read sees every item and writes it; an
+    evaluation with nothing left to score ran no slot and asks the engine."""
+    try:
+        return json.loads((out_dir / contract.EVALUATION_RESULTS).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def _items_done(out_dir: Path) -> int:
