@@ -48,7 +48,9 @@ __all__ = ["run_job", "run_part", "schedule", "reap", "dispatch", "Supervisor",
 
 log = logging.getLogger(__name__)
 
-START_RETRY_S, START_RETRIES = 1.0, 10  # a failed start of a job, tried again
+# a start the database refused (a deadlock, a dropped connection, an outage), tried again ever
+# later: no other message will come for the placed job, so this one is never given up
+START_RETRY_S, START_RETRY_MAX_S = 1.0, 30.0
 
 
 @shared_task(name=SCHEDULE)
@@ -61,25 +63,25 @@ def schedule() -> list[int]:
     return [job.pk for job in placed + slurm.place_waiting()]
 
 
-@shared_task(bind=True, name=RUN_JOB)
+@shared_task(bind=True, name=RUN_JOB, max_retries=None)  # (a retry's own None: the default)
 def run_job(self, job_id: int, incarnation: int | None = None) -> str:
     """Supervise job `job_id` from launch to its final state (or its pause); returns the state.
     `incarnation`: the placement this message was sent for (a stale one is dropped)."""
-    job = Job.objects.get(pk=job_id)
-    if job.state in SUPERVISED and not _take_over(job):
-        return job.state
-    job.refresh_from_db()
-    if job.state != State.QUEUED or incarnation not in (None, job.incarnation):
-        return job.state  # cancelled while it waited in the queue, or placed anew since
     me = f"{socket.gethostname()}/{os.getpid()}/{self.request.id or 'direct'}"
     try:
+        job = Job.objects.get(pk=job_id)
+        if job.state in SUPERVISED and not _take_over(job):
+            return job.state
+        job.refresh_from_db()
+        if job.state != State.QUEUED or incarnation not in (None, job.incarnation):
+            return job.state  # cancelled while it waited in the queue, or placed anew since
         job.start(supervisor=me)
     except IllegalTransition:
         return job.state  # another supervisor took it first
     except OperationalError as error:
-        # rolled back (a deadlock, a dropped connection): the job is still queued and placed,
-        # and no other message will come for it, so this one is tried again
-        raise self.retry(exc=error, countdown=START_RETRY_S, max_retries=START_RETRIES) from error
+        # rolled back, or no database: the job is still queued and placed (START_RETRY_S)
+        raise self.retry(exc=error, countdown=min(
+            START_RETRY_S * 2 ** self.request.retries, START_RETRY_MAX_S)) from error
     supervise(job, me)
     return job.state
 

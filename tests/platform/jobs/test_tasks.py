@@ -101,23 +101,27 @@ def test_a_redelivered_task_leaves_a_beating_job_alone_and_resumes_a_lost_one(
     assert job.launches == 2 and job.step == 6
 
 
-def test_a_start_the_database_rolled_back_is_tried_again_and_the_job_runs(user, small_spec,
-                                                                          monkeypatch):
+REFUSED_STARTS = 20  # more than any fixed number of tries would have allowed
+
+
+def test_a_start_the_database_refuses_is_tried_until_it_takes_and_the_job_runs(
+        user, small_spec, monkeypatch):
     from jobs.tasks import run_job
 
     job = Job.objects.create(name="t", owner=user, spec=small_spec)
-    rolled_back, start = [], Job.start
+    refused, start = [], Job.start
 
-    def start_rolled_back_once(self: Job, supervisor: str = ""):
-        if not rolled_back:
-            rolled_back.append(supervisor)
+    def start_refused_for_a_while(self: Job, supervisor: str = ""):
+        if len(refused) < REFUSED_STARTS:
+            refused.append(supervisor)
             raise OperationalError("deadlock detected")
         return start(self, supervisor)
 
-    monkeypatch.setattr(Job, "start", start_rolled_back_once)
-    run_job.apply(args=(job.pk,))  # eager: its retry runs here too, at once
+    monkeypatch.setattr(Job, "start", start_refused_for_a_while)
+    run_job.apply(args=(job.pk,))  # eager: its retries run here too, at once
     job.refresh_from_db()
-    assert rolled_back and (job.state, job.launches, job.step) == (State.COMPLETED, 1, 6)
+    assert len(refused) == REFUSED_STARTS
+    assert (job.state, job.launches, job.step) == (State.COMPLETED, 1, 6)
 
 
 def test_a_warm_paused_job_whose_supervisor_is_lost_stays_paused(user, small_spec, settings):
