@@ -64,9 +64,7 @@ class Approvals:
         if settled is not None:  # a person's answer (or the timeout) outranks this step's own
             return dataclasses.replace(settled, step=step)
         if decision is not None and "needs_attention" in decision.params:
-            if self.pending is None:  # the run trains on as it is while a person looks
-                self._propose(dataclasses.replace(decision, action=decision.params[
-                    "needs_attention"], params={}), anomalies, now, attention=decision.reason)
+            self.ask(decision, anomalies, now)
             return decision
         if decision is None or decision.action not in self.policy.approve:
             return decision
@@ -79,6 +77,14 @@ class Approvals:
                                        reason=f"proposed {decision.action} ({self.pending.id}); "
                                        "training on while it waits")
         return self._hold(step, now)
+
+    def ask(self, decision: Decision, anomalies: list[Anomaly], now: float) -> None:
+        """Raise the proposal of a decision that `needs_attention`, whether it is the step's
+        strongest or only recorded beside the one carried out (that answer does not help this
+        anomaly either). The run trains on as it is while a person looks; one at a time."""
+        if "needs_attention" in decision.params and self.pending is None:
+            self._propose(dataclasses.replace(decision, action=decision.params[
+                "needs_attention"], params={}), anomalies, now, attention=decision.reason)
 
     def _propose(self, decision: Decision, anomalies: list[Anomaly], now: float,
                  attention: str | None = None) -> None:

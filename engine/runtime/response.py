@@ -143,6 +143,8 @@ class FaultResponse:
         strongest = decisions[0] if decisions else None
         if self.approvals is not None:
             strongest = self.approvals.review(strongest, anomalies, step, self.faults.now)
+            for recorded in decisions[1:]:
+                self.approvals.ask(recorded, anomalies, self.faults.now)
         verdict = verdict_for(strongest)
         if isinstance(verdict, Rerun):
             ranks = {a.rank for a in anomalies if a.kind == strongest.anomaly}

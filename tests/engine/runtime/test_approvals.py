@@ -11,8 +11,10 @@ from engine.anomaly import Anomaly, Decision, FaultPolicy
 from engine.contract import ActionEvent, Command, CommandKind, ProposalEvent
 from engine.runtime.approvals import Approvals
 from engine.runtime.commands import CommandInbox, PauseWait
+from engine.runtime.response import FaultResponse, Rollback
 from tests.engine.runtime.test_commands import Agreement, Clock, PollByPoll, Watchdog, handler
 from tests.engine.runtime.test_control import Run, nano
+from tests.engine.runtime.test_response import FakeFaults
 
 SPIKE = Anomaly("loss_spike", "warning", 7, evidence={"z": 9.0})
 ROLLBACK = Decision("rollback", "loss_spike", 7, rung=0, reason="first occurrence")
@@ -139,6 +141,19 @@ def test_a_decision_that_needs_attention_asks_a_person_and_trains_on_meanwhile()
     # nobody answers: at the deadline the run stays as it is
     assert a.review(None, [], 60, NOW + 5.0).action == "observe"
     assert proposals(events)[1:] == [("timed_out", "observe", "timeout")]
+
+
+def test_a_decision_that_needs_attention_asks_a_person_beside_the_one_carried_out():
+    """A straggler's exclude skipped on one host, decided in the step where a spike's rollback
+    is the strongest decision: the rollback is carried out and the person is still asked."""
+    a, events, _ = approvals(approve=[])
+    faults = FakeFaults([SPIKE, STRAGGLER], [ROLLBACK, ATTENTION])
+    faults.now = NOW
+    verdict = FaultResponse(faults, events.append, a).judge(7, local_loss=3.5)
+    assert verdict == Rollback(ROLLBACK)
+    (asked,) = [e for e in events if isinstance(e, ProposalEvent)]
+    assert (asked.status, asked.action, asked.anomaly, asked.rank) == (
+        "pending", "pause", "straggler", 1)
 
 
 def test_approving_a_needs_attention_proposal_pauses_the_run():
