@@ -580,6 +580,18 @@ def events_stream(job: str) -> str:
     return f"ringside:job:{job}:events"
 
 
+def entry_id(seq: int, n: int = 0) -> str:
+    """The stream entry id of event `seq` (n 0), or of the n-th entry the platform appended
+    after it (an evaluation's results): `<seq>-<n>`, so the engine's event seq+1 still follows."""
+    return f"{seq}-{n}"
+
+
+def entry_seq(id: bytes | str) -> tuple[int, int]:
+    """(seq, n) of a stream entry id (`entry_id`), as a Redis client hands it back."""
+    seq, n = (id.decode() if isinstance(id, bytes) else id).split("-")
+    return int(seq), int(n)
+
+
 class StreamField(StrEnum):
     """The fields of an event's entry on its job's stream."""
 

@@ -23,6 +23,8 @@ from engine.contract import (
     Header,
     _jsonable,
     control_stream,
+    entry_id,
+    entry_seq,
     events_stream,
     stream_entry,
 )
@@ -116,7 +118,7 @@ class EventLog:
             self._redis = bus_client(bus_url)
             newest = self._redis.xrevrange(events_stream(job), count=1)
             if newest:
-                last = max(last, int(newest[0][0].split(b"-")[0]))
+                last = max(last, entry_seq(newest[0][0])[0])
         self.seq = last
 
     def emit(self, event: Event) -> dict[str, Any]:
@@ -153,7 +155,7 @@ class EventLog:
             while self._unsent:
                 seq, entry = self._unsent[0]
                 try:
-                    self._redis.xadd(events_stream(self.job), entry, id=f"{seq}-0")
+                    self._redis.xadd(events_stream(self.job), entry, id=entry_id(seq))
                 except redis.ResponseError as error:
                     # the bus took it before, and the reply was lost with the connection
                     if "equal or smaller" not in str(error):

@@ -158,6 +158,12 @@ def test_every_command_kind_has_a_rule_and_moves_only_to_known_states():
     assert JobState.COMPLETED not in COMMAND_RULES[CommandKind.CANCEL].allowed_in
 
 
+def test_an_entry_id_carries_the_event_seq_and_the_platforms_entries_after_it():
+    assert contract.entry_id(41) == "41-0"
+    assert contract.entry_seq(b"41-0") == (41, 0)
+    assert contract.entry_seq(contract.entry_id(41, 2)) == (41, 2)
+
+
 def test_checkpoint_folder_and_tiers(tmp_path):
     assert checkpoint_dir("", tmp_path) == tmp_path / "checkpoints"
     assert checkpoint_dir("/shared/ckpt", tmp_path) == Path("/shared/ckpt")

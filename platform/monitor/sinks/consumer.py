@@ -97,8 +97,8 @@ class SinkConsumer:
             self.close()
             self._record(SinkState.FAILING, f"{type(error).__name__}: {error}"[:ERROR_CHARS])
             raise
-        if ids:  # entry `<seq>-n` (contract.events_stream), parsed or passed by
-            self.sink.last_seq = max(self.sink.last_seq, int(_text(ids[-1]).split("-")[0]))
+        if ids:  # the newest entry taken, parsed or passed by
+            self.sink.last_seq = max(self.sink.last_seq, contract.entry_seq(ids[-1])[0])
         if ids or self.sink.state == SinkState.FAILING:
             self._record(SinkState.WRITING, "")
         return len(ids)

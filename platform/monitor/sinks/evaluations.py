@@ -33,7 +33,7 @@ def publish(evaluation: Evaluation) -> dict:
     try:
         while True:
             newest = client.xrevrange(stream, count=1)
-            seq, n = map(int, newest[0][0].split(b"-")) if newest else (0, 0)
+            seq, n = contract.entry_seq(newest[0][0]) if newest else (0, 0)
             wire = contract.EvaluationEvent(
                 step=checkpoint.step, job=str(checkpoint.job_id), time=time.time(), seq=seq,
                 evaluation=evaluation.pk, checkpoint=checkpoint.path,
@@ -41,7 +41,7 @@ def publish(evaluation: Evaluation) -> dict:
                 tasks=evaluation.results.get("tasks", {})).to_dict()
             try:
                 client.xadd(stream, contract.stream_entry(wire["type"], json.dumps(wire)),
-                            id=f"{seq}-{n + 1}")
+                            id=contract.entry_id(seq, n + 1))
                 break
             except redis.ResponseError as error:  # the engine published meanwhile
                 if "equal or smaller" not in str(error):
