@@ -5,8 +5,10 @@ transformers' DeepseekV3MoE (its `eager` loop and `grouped_mm` experts) to 1e-6 
 a relative error of 1e-2 in bf16 (what bf16 rounding leaves of two orders of summation);
 torchtitan's MoE always to 1e-2, as it runs its experts in bf16 whatever the input's dtype.
 Also timed: one dense `torch.mm` with the layer's FLOPs, the limit a MoE layer's grouped
-matmuls approach. The implementations take turns, one call each per round
-(bench/side_by_side.py); median over the rounds (minimum listed too).
+matmuls approach. Beside them, `slot_sum_ms`: the two ways the dispatch can add each
+token's k expert rows back up (`engine.moe.dispatch.sum_slots`). The implementations take
+turns, one call each per round (bench/side_by_side.py); median over the rounds (minimum
+listed too).
 
 Two settings:
 - by default the CPU shapes (fp32, 2 threads; `--device cuda` runs them in bf16): the tiny
@@ -47,6 +49,7 @@ from bench.side_by_side import (  # noqa: E402
     write_profile,
 )
 from engine.moe import PRESETS, MoEConfig, cast_parameters, preset  # noqa: E402
+from engine.moe.dispatch import SLOT_SUMS, sort_slots, sum_slots  # noqa: E402
 from engine.moe.model import MoE  # noqa: E402
 
 try:
@@ -160,6 +163,21 @@ def check_against_ours(fns: dict, target: Target) -> tuple[dict, dict]:
     return max_diff, relative
 
 
+def slot_sum_ms(config: MoEConfig, tokens: int, rounds: int, target: Target) -> dict:
+    """Median ms of each way `sum_slots` can add the k slot rows of every token back up (the
+    dispatch's combine, twice a step), on this shape's rows: which one the device should take."""
+    g = torch.Generator().manual_seed(2)
+    idx = torch.rand(tokens, config.num_experts, generator=g).topk(
+        config.num_experts_per_tok, dim=-1).indices.to(target.device)
+    order = sort_slots(idx, config.num_experts)
+    rows = torch.randn(idx.numel(), config.hidden_size, generator=g).to(target.device,
+                                                                         target.dtype)
+    fns = {how: (lambda how=how: sum_slots(rows, order, how)) for how in SLOT_SUMS}
+    time_round_robin(fns, 2, target)  # warm-up
+    times = time_round_robin(fns, rounds, target)
+    return {how: round(statistics.median(t), 3) for how, t in times.items()}
+
+
 def bench_shape(name: str, config: MoEConfig, tokens: int, rounds: int, target: Target,
                 profile_dir: Path | None = None) -> dict:
     d = config.hidden_size
@@ -204,6 +222,7 @@ def bench_shape(name: str, config: MoEConfig, tokens: int, rounds: int, target: 
         # the most any implementation could gain over eager here: the layer's FLOPs at
         # dense-matmul speed
         "hf_eager_over_dense_mm": round(ms["hf_eager"] / ms["dense_mm"], 3),
+        "slot_sum_ms": slot_sum_ms(config, tokens, rounds, target),
     }
 
 

@@ -14,11 +14,11 @@
 - `loop`: one masked matmul pair per expert. The test oracle.
 
 The gather into slots and the sum back out are each other's transpose, so both directions of
-both are gathers: `index_select` into slots and `embedding_bag(mode="sum")` (a fused
-gather-and-sum) back to tokens. Autograd's default for fancy indexing would scatter-add rows
-in the backward pass, which is several times slower on CPU; the bag sum is 10x faster than
-permuting the slot rows and adding them. (`padded_bmm` uses the same pair as the custom
-autograd functions `_GatherSlots` and `_ScatterSlots`.)
+both are gathers: `index_select` into slots and `sum_slots` back to tokens (on CPU the fused
+gather-and-sum `embedding_bag(mode="sum")`). Autograd's default for fancy indexing would
+scatter-add rows in the backward pass, which is several times slower on CPU; on CPU the bag
+sum is 10x faster than permuting the slot rows and adding them. (`padded_bmm` uses the same
+pair as the custom autograd functions `_GatherSlots` and `_ScatterSlots`.)
 """
 
 from __future__ import annotations
@@ -80,11 +80,25 @@ def sort_slots(idx: torch.Tensor, num_experts: int) -> SlotOrder:
     )
 
 
-def _sum_slots(rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
+SLOT_SUMS = ("bag", "gather")
+
+
+def sum_slots(rows: torch.Tensor, order: SlotOrder, how: str | None = None) -> torch.Tensor:
     """Sorted slot rows [T*k, d] -> per-token sums [T, d], in slot order (deterministic):
-    token t's bag is the rows of its k slots."""
+    token t's bag is the rows of its k slots.
+
+    `how` (by default "gather" on CUDA, "bag" elsewhere): "bag" is one fused gather-and-sum
+    (`embedding_bag`); "gather" gathers the rows into token order, then sums each token's k.
+    CUDA's embedding_bag reads an element at a time: 725 us a call at the ling-mini-2.0
+    layer (16k tokens, bf16), where the vectorised gather of as many rows took 253 us
+    (bench/measured/2026-11-27-h200); `bench/moe_layer.py` times both at every shape."""
+    how = how or ("gather" if rows.device.type == "cuda" else "bag")
     bags = order.sorted_of_slot.view(-1, order.top_k)
-    return F.embedding_bag(bags, rows, mode="sum")
+    if how == "bag":
+        return F.embedding_bag(bags, rows, mode="sum")
+    if how == "gather":
+        return rows.index_select(0, order.sorted_of_slot).view(*bags.shape, -1).sum(1)
+    raise ValueError(f"how must be one of {SLOT_SUMS}, got {how!r}")
 
 
 class _GatherSlots(torch.autograd.Function):
@@ -97,7 +111,7 @@ class _GatherSlots(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _sum_slots(grad, ctx.order), None
+        return sum_slots(grad, ctx.order), None
 
 
 class _ScatterSlots(torch.autograd.Function):
@@ -107,7 +121,7 @@ class _ScatterSlots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows: torch.Tensor, order: SlotOrder) -> torch.Tensor:
         ctx.order = order
-        return _sum_slots(rows, order)
+        return sum_slots(rows, order)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -180,7 +194,7 @@ class _RoutedExperts(torch.autograd.Function):
         gate, up = h.chunk(2, dim=-1)
         act_w = torch.ops.aten.silu.out(gate, out=_POOL.take((slots, f), x))
         act_w.mul_(up).mul_(w_sorted.unsqueeze(-1))
-        y = _sum_slots(grouped_mm(act_w, down.transpose(-2, -1), order.offsets), order)
+        y = sum_slots(grouped_mm(act_w, down.transpose(-2, -1), order.offsets), order)
         _POOL.give(act_w)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(xs, h, w_sorted, gate_up, down)
@@ -211,7 +225,7 @@ class _RoutedExperts(torch.autograd.Function):
         torch.mul(d_act, silu_gate, out=d_up)
         torch.ops.aten.silu_backward.grad_input(d_act.mul_(up), gate, grad_input=d_gate)
         d_gate_up = grouped_mm(d_h.T, xs, offsets)
-        d_x = _sum_slots(grouped_mm(d_h, gate_up, offsets), order)
+        d_x = sum_slots(grouped_mm(d_h, gate_up, offsets), order)
         _POOL.give(xs, d_ys, silu_gate, act, product, d_h)
         return d_x, d_w_sorted, d_gate_up, d_down, None
 

@@ -48,3 +48,6 @@ def test_the_layer_benchmark_checks_every_implementation_against_ours_before_tim
     # torchtitan runs its experts in bf16, which keeps about 3 significant digits
     assert tiny["relative_error_vs_ours"]["torchtitan"] <= 1e-2
     assert set(tiny["ms"]) == {"ours", "torchtitan", "hf_eager", "hf_grouped_mm", "dense_mm"}
+    # beside them, both ways the dispatch can sum the slots back: the device's choice
+    assert set(tiny["slot_sum_ms"]) == {"bag", "gather"}
+    assert min(tiny["slot_sum_ms"].values()) > 0

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.moe.dispatch import _POOL, grouped_mm_supports, routed_experts, sort_slots
+from engine.moe.dispatch import (
+    _POOL,
+    grouped_mm_supports,
+    routed_experts,
+    sort_slots,
+    sum_slots,
+)
 
 torch.set_num_threads(1)
 
@@ -121,6 +127,20 @@ def test_slot_order_is_a_stable_sort_with_counts_and_offsets():
     assert order.counts.tolist() == [2, 1, 2, 1, 0]
     assert order.offsets.tolist() == [2, 3, 5, 6, 6]
     assert order.slot_of_sorted[order.sorted_of_slot].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_slot_sums_add_each_tokens_k_rows_in_slot_order(dtype):
+    """The fused bag sum (CPU's) and the gather-then-sum (CUDA's) give the same sums."""
+    idx = torch.tensor([[2, 0, 1], [0, 3, 2], [2, 1, 4], [4, 4, 0]])
+    order = sort_slots(idx, num_experts=5)
+    rows = torch.randn(idx.numel(), 8, generator=torch.Generator().manual_seed(3)).to(dtype)
+    in_slot_order = rows[order.sorted_of_slot].view(4, 3, 8)
+    expected = in_slot_order[:, 0] + in_slot_order[:, 1] + in_slot_order[:, 2]
+    for how in ("bag", "gather"):
+        torch.testing.assert_close(sum_slots(rows, order, how), expected)
+    with pytest.raises(ValueError, match="how must be one of"):
+        sum_slots(rows, order, "scatter")
 
 
 def test_unknown_impl_is_rejected_by_name():
