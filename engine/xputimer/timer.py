@@ -13,8 +13,9 @@ Levels (spec §4): L1 per-op aggregates are always on. L2 also writes every op i
 timeline ring for every `sample_every`-th step and for a step after `request_timeline()`.
 
 Threads: the training thread opens and closes ops and calls `step_end`. Completions that
-happen elsewhere (an async collective's callback, the CUDA poller) are queued and accounted
-by the training thread at `step_end`, so the per-op accumulators have a single writer.
+happen elsewhere (an async collective's callback, CUDA events the watchdog's look found
+finished) are queued and accounted by the training thread at `step_end`, so the per-op
+accumulators have a single writer.
 A step is the time between two `step_end` calls (the first starts at construction).
 """
 
@@ -291,6 +292,8 @@ class OpTimer:
     def step_end(self, step: int) -> StepTimings:
         """Close step `step`: account queued completions and return its timings."""
         now, waited = perf_counter_ns(), _run_queue_wait_ns()
+        if self._cuda is not None:
+            self._cuda.collect()
         completed = self._completed
         while completed:
             self._account(*completed.popleft())
@@ -327,12 +330,10 @@ class OpTimer:
 
     def in_flight(self) -> list[Span]:
         """Ops started and not finished, oldest first (for the hang watchdog)."""
+        if self._cuda is not None:
+            self._cuda.collect()
         spans = list(self._open.values())
         return sorted(spans, key=lambda s: getattr(s, "t0", 0))
-
-    def close(self) -> None:
-        if self._cuda is not None:
-            self._cuda.close()
 
     def _register(self, name: str, kind: str, group: str, algo: str, collective: str,
                   group_size: int) -> OpInfo:

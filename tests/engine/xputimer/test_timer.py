@@ -202,7 +202,6 @@ def test_on_cuda_an_op_lasts_its_device_time_and_the_host_does_not_wait_for_it()
     while timer.in_flight() and time.perf_counter() < deadline:
         time.sleep(1e-3)
     stats = timer.step_end(2).ops["mm"]
-    timer.close()
     assert launch_ms < device_ms / 4
     assert stats.count == 1
     assert stats.total_ms == pytest.approx(device_ms, rel=0.05)
