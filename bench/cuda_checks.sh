@@ -10,7 +10,8 @@
 #                torchtitan's, transformers' and a dense matmul of the same FLOPs, in turns
 #   loss_memory  the chunked cross-entropy vs materialised logits: peak memory and time
 #   moe_model    the ling-mini-2.0-shaped model, as many layers as fit, with the sharded
-#                optimizer, against transformers' Glm4Moe: tokens/s and MFU
+#                optimizer, against transformers' Glm4Moe: tokens/s and MFU (and with four
+#                micro-batches per optimizer step: moe_model_accumulate)
 #   timing       per-op timing overhead with CUDA events on the real training loop
 #   checkpoint   our save's blocking time (pinned staging) against torch.save and DCP async
 #   run          a 200-step ling-mini-shaped training run (its step events carry each rank's
@@ -114,6 +115,12 @@ print(json.dumps({
     "median_tokens_per_s": statistics.median(e["tokens_per_s"] for e in steps[10:]),
     "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"]}))
 ' "$out/run_events.jsonl"
+
+# the same with four micro-batches per optimizer step (32k tokens), as a real run's batch
+# spreads the optimizer (2026-11-27: its copies and AdamW took 42% of the GPU time at 8k)
+step moe_model_accumulate 100 "$out/moe_model_accumulate.json" python3 -m bench.moe_model \
+  --device cuda --rounds 10 --preset ling-mini-2.0 --ours-optimizer sharded \
+  --hf-impls grouped_mm --batch 2 --seq 4096 --accumulate 4
 
 if ! command -v ip > /dev/null || ! command -v tc > /dev/null; then
   echo "collectives, paro: skipped, this machine has no ip/tc (iproute2)" | tee -a "$out/summary.txt"

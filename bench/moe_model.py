@@ -2,7 +2,9 @@
 
 Both models get the same shapes (the tiny preset: d 256, 6 layers, first dense, 64 experts
 top-4 in 8 groups keep 4, one shared expert, GQA 4/2, QK-norm, half-rotary RoPE), the same
-batch (8 x 256 byte tokens by default; a GPU is busy only with many more) and the same
+batch (8 x 256 byte tokens by default; a GPU is busy only with many more; `--accumulate N`
+micro-batches of it per optimizer step, as a real run's batch of millions of tokens spreads
+the optimizer's cost) and the same
 optimiser (torch's fused AdamW, its fastest on CPU, as the engine's own optimiser step is
 fused, after clipping the gradients' global norm at 1.0, as the engine does). Glm4Moe has
 no training-time MTP, so the headline ratio compares ours with MTP off;
@@ -20,7 +22,7 @@ no contender). Each model's MFU is its model FLOPs per token (`flops_per_token`)
 tokens/s over the peak of one large dense matmul measured in the same run.
 
     .venv/bin/python -m bench.moe_model [--rounds N] [--quick] [--device cuda] [--batch B]
-                                        [--seq T] [--preset NAME] [--layers N]
+                                        [--seq T] [--accumulate N] [--preset NAME] [--layers N]
 """
 
 from __future__ import annotations
@@ -80,14 +82,16 @@ def glm4moe_like(config, experts_implementation: str) -> Glm4MoeForCausalLM:
     return Glm4MoeForCausalLM(hf_config)
 
 
-def trainer(model, forward) -> Callable[[], float]:
+def trainer(model, forward, accumulate: int) -> Callable[[], float]:
+    """An optimizer step after `accumulate` micro-batches, each loss scaled to its share."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True
     )
 
     def step():
-        loss = forward(model)
-        loss.backward()
+        for _ in range(accumulate):
+            loss = forward(model) / accumulate
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -96,17 +100,18 @@ def trainer(model, forward) -> Callable[[], float]:
     return step
 
 
-def sharded_trainer(model: MoEModel, input_ids, labels) -> Callable[[], float]:
+def sharded_trainer(model: MoEModel, input_ids, labels, accumulate: int) -> Callable[[], float]:
     """Ours as the engine trains it: PaRO's sharded optimizer, here on a one-rank group."""
     if not dist.is_initialized():  # one group for both of our variants
         backend = "nccl" if next(model.parameters()).is_cuda else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1)
     dp = ShardedDataParallel(model, Topology(1, 1).init_groups(), "NNN", lr=LR, betas=BETAS,
-                             weight_decay=WEIGHT_DECAY)
+                             weight_decay=WEIGHT_DECAY, grad_accum=accumulate)
 
     def step():
-        loss = dp.forward_backward(input_ids, labels).loss
+        for _ in range(accumulate):
+            loss = dp.forward_backward(input_ids, labels).loss
         dp.step(LR, GRAD_CLIP)
         return loss.item()
 
@@ -147,6 +152,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=SEQ, help=f"tokens per sequence ({SEQ})")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                         help="the model's shapes (tiny)")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches of --batch sequences per optimizer step (1): as a "
+                             "real run's large batch spreads the optimizer's cost")
     parser.add_argument("--layers", type=int,
                         help="keep this many of the preset's layers (default: all on a CPU, "
                              "as many as fit on a GPU)")
@@ -163,6 +171,8 @@ def parse_args() -> argparse.Namespace:
     args.hf_impls = args.hf_impls.split(",")
     if not set(args.hf_impls) <= {"grouped_mm", "eager"}:
         parser.error(f"--hf-impls: grouped_mm and/or eager, got {','.join(args.hf_impls)}")
+    if args.accumulate < 1:
+        parser.error("--accumulate must be at least 1")
     if args.layers is not None and args.layers < 1:
         parser.error("--layers must be at least 1")
     return args
@@ -181,8 +191,9 @@ def models_to_time(args, config: MoEConfig, tokens: torch.Tensor,
         with torch.device(target.device):
             model = on_target(MoEModel(c), target)
         models[name] = (
-            sharded_trainer(model, input_ids, labels) if args.ours_optimizer == "sharded"
-            else trainer(model, lambda m: m(input_ids, labels).loss)
+            sharded_trainer(model, input_ids, labels, args.accumulate)
+            if args.ours_optimizer == "sharded"
+            else trainer(model, lambda m: m(input_ids, labels).loss, args.accumulate)
         )
     for impl in args.hf_impls:
         with torch.device(target.device):
@@ -190,8 +201,8 @@ def models_to_time(args, config: MoEConfig, tokens: torch.Tensor,
         hf_params = sum(p.numel() for p in hf.parameters())
         # transformers shifts labels itself: give it the unshifted sequence
         models[f"glm4moe_{impl}"] = trainer(
-            hf, lambda m: m(input_ids=tokens[:, :-1], labels=tokens[:, :-1]).loss
-        )
+            hf, lambda m: m(input_ids=tokens[:, :-1], labels=tokens[:, :-1]).loss,
+            args.accumulate)
     return models, hf_params
 
 
@@ -222,7 +233,7 @@ def main() -> None:
     args = parse_args()
     target = target_from_args(args)
     rounds = 3 if args.quick else args.rounds or (30 if target.on_cuda else 15)
-    step_tokens = args.batch * args.seq
+    step_tokens = args.accumulate * args.batch * args.seq
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     config = preset(args.preset)
@@ -249,7 +260,7 @@ def main() -> None:
         "benchmark": "moe_model",
         **target.describe(), "transformers": transformers.__version__, "rounds": rounds,
         "preset": args.preset, "layers": config.num_hidden_layers, "batch": args.batch,
-        "seq": args.seq,
+        "seq": args.seq, "accumulate": args.accumulate,
         "ours_optimizer": args.ours_optimizer,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "params": {"ours": param_count(config.replace(num_nextn_predict_layers=0)),
