@@ -200,4 +200,4 @@ def reap() -> list[int]:
             log.warning("job %s: placed, but its run_job message (due since %s) had not been "
                         "sent; sent now", job.pk, since)
             requeued.append(job.pk)
-    return requeued
+    return list(dict.fromkeys(requeued))  # a job requeued and placed in one pass: once

@@ -16,6 +16,7 @@ from jobs.launch import stderr_path
 from jobs.models import Cause, Command, CommandKind, Job, State
 from jobs.supervisor import EngineReport, finish
 from monitor.models import Event, MetricPoint
+from tests.platform.jobs.test_placement import host
 from tests.platform.jobs.test_warm_pause import launched
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -165,6 +166,7 @@ def test_a_job_pausing_when_its_supervisor_is_lost_is_paused_if_a_person_asked(
 
     asked = pausing_and_lost(Cause.USER)
     regrouping = pausing_and_lost(Cause.SCHEDULER)
+    host("spare")  # free slots: the requeued job is placed in the same pass, and named once
     assert reap() == [regrouping.pk]  # the scheduler's pause moves the job: requeued
     asked.refresh_from_db()
     assert asked.state == State.PAUSED
